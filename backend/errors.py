@@ -1,0 +1,96 @@
+"""The backend's one error hierarchy: every error a client can see, with its HTTP status.
+
+One middleware renders them all: on the Open Inference Protocol routes as the spec's
+``{"error": "<message>"}``, on the OpenAI-compatible route as OpenAI's error object. Exceptions
+from the parts underneath (the batcher, ONNX Runtime, aiohttp) are converted into these where
+they are called; messages never quote request text.
+
+    BackendError (500)
+    ├── BadRequest (400)              malformed JSON, wrong datatype or shape, invalid UTF-8, ...
+    ├── NotFound (404)
+    │   └── ModelNotFound (404)       unknown model or version
+    ├── PayloadTooLarge (413)
+    ├── UnsupportedMediaType (415)
+    ├── Unavailable (503)             Retry-After: queue full, not ready, shutting down
+    └── DeadlineExceeded (504)        the request's deadline passed before compute
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class BackendError(Exception):
+    """Base class: an error with an HTTP status and a message that is safe to show."""
+
+    status: int = 500
+    openai_type: str = "server_error"
+
+    def __init__(self, message: str = "internal error") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def headers(self) -> dict[str, str]:
+        """Extra response headers this error needs (e.g. ``Retry-After``)."""
+        return {}
+
+
+class BadRequest(BackendError):
+    """The request is malformed or breaks the protocol's rules."""
+
+    status = 400
+    openai_type = "invalid_request_error"
+
+
+class NotFound(BackendError):
+    """No such route or resource."""
+
+    status = 404
+    openai_type = "invalid_request_error"
+
+
+class ModelNotFound(NotFound):
+    """The model (or the version of it) is not served here."""
+
+
+class MethodNotAllowed(BackendError):
+    """The route exists but not for this HTTP method."""
+
+    status = 405
+    openai_type = "invalid_request_error"
+
+
+class PayloadTooLarge(BackendError):
+    """The body is larger than the server accepts."""
+
+    status = 413
+    openai_type = "invalid_request_error"
+
+
+class UnsupportedMediaType(BackendError):
+    """The body is declared as something other than JSON."""
+
+    status = 415
+    openai_type = "invalid_request_error"
+
+
+class Unavailable(BackendError):
+    """The server cannot take this request now; the client may retry after ``Retry-After``."""
+
+    status = 503
+    openai_type = "server_error"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        # Retry-After takes whole seconds; never 0, which invites an immediate retry storm.
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+
+
+class DeadlineExceeded(BackendError):
+    """The request's deadline passed before its inference ran."""
+
+    status = 504
+    openai_type = "timeout_error"

@@ -1,0 +1,139 @@
+"""Typed, frozen, validated settings for ``python -m backend serve``.
+
+Precedence: command-line flags over ``BACKEND_*`` environment variables over the defaults
+below. Batching values left as ``None`` come from each model's ``config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+Device = Literal["auto", "cpu", "cuda"]
+Variant = Literal["fp32", "int8", "fp16"]
+ENV_PREFIX = "BACKEND_"
+
+
+class SettingsError(ValueError):
+    """A setting has a value the server cannot run with; the message names it and says why."""
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (affinity-aware, so containers are sized right)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeSettings:
+    """Everything the serving process is configured with; see the field comments."""
+
+    # Model repository folder: one sub-folder per model, each with a config.json.
+    models_dir: Path = Path("models")
+    host: str = "127.0.0.1"
+    port: int = 8001
+    # auto: a working GPU if there is one (fp16), else the CPU; cuda: GPU or exit 2; cpu: CPU.
+    device: Device = "auto"
+    # ONNX Runtime intra-op threads per model session; None = every usable core.
+    threads: int | None = None
+    # Graph variant; None = fp16 on the GPU, the model's default_variant (fp32) on the CPU.
+    variant: Variant | None = None
+    # Where this replica runs, reported in server metadata and logs for the gateway's routing.
+    region: str = ""
+    zone: str = ""
+    # Batching overrides; None = the model's config.json value.
+    max_batch_size: int | None = None
+    max_queue_delay_ms: float | None = None
+    max_queue_size: int | None = None
+    # Texts one request may carry (also capped by the model's queue size).
+    max_items_per_request: int = 256
+    # Largest request body accepted, in bytes (413 beyond it).
+    client_max_size: int = 4 * 1024 * 1024
+    # Deadline for requests without an X-Request-Timeout-Ms header.
+    default_timeout_ms: float = 30_000.0
+    # Warm-up inferences before ready: every token length at every batch size
+    # (None = batch 1 and the model's max batch size).
+    warmup_lengths: tuple[int, ...] = (8, 64, 256)
+    warmup_batch_sizes: tuple[int, ...] | None = None
+    # Batches in flight per model. One worker whose ORT session uses every core beats several
+    # workers sharing the cores (measured; see README), and it leaves the batcher free to gather
+    # the next batch while the current one runs.
+    workers: int = 1
+    log_level: str = "INFO"
+    access_log: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.device in get_args(Device), "device", f"{self.device!r} is not auto|cpu|cuda")
+        _check(
+            self.variant is None or self.variant in get_args(Variant),
+            "variant", f"{self.variant!r} is not fp32|int8|fp16",
+        )
+        _check(0 < self.port < 65536, "port", f"{self.port} is not a TCP port")
+        _positive("threads", self.threads)
+        _positive("max_batch_size", self.max_batch_size)
+        _positive("max_queue_size", self.max_queue_size)
+        _positive("max_items_per_request", self.max_items_per_request)
+        _positive("client_max_size", self.client_max_size)
+        _positive("workers", self.workers)
+        _check(
+            self.max_queue_delay_ms is None or self.max_queue_delay_ms >= 0,
+            "max_queue_delay_ms", "must be >= 0",
+        )
+        _check(self.default_timeout_ms > 0, "default_timeout_ms", "must be > 0")
+        _check(
+            all(n >= 2 for n in self.warmup_lengths), "warmup_lengths",
+            "every length must be >= 2 ([CLS] and [SEP])",
+        )
+        for size in self.warmup_batch_sizes or ():
+            _positive("warmup_batch_sizes", size)
+
+    @property
+    def intra_op_threads(self) -> int:
+        """Threads per ONNX Runtime session."""
+        return self.threads if self.threads is not None else usable_cores()
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> ServeSettings:
+        """Defaults, then ``BACKEND_<FIELD>`` variables, then ``overrides`` (None = unset)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            raw = env.get(ENV_PREFIX + field.name.upper())
+            if raw is not None and raw != "":
+                values[field.name] = _coerce(field.name, str(field.type), raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _coerce(name: str, type_name: str, raw: str) -> Any:
+    try:
+        if name == "models_dir":
+            return Path(raw)
+        if name in ("warmup_lengths", "warmup_batch_sizes"):
+            return tuple(int(part) for part in raw.split(",") if part.strip())
+        if type_name.startswith("bool"):
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        if type_name.startswith("int"):
+            return int(raw)
+        if type_name.startswith("float"):
+            return float(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {exc}") from None
+    return raw
+
+
+def _check(ok: bool, field: str, why: str) -> None:
+    if not ok:
+        raise SettingsError(f"setting {field}: {why}")
+
+
+def _positive(field: str, value: int | None) -> None:
+    _check(value is None or value >= 1, field, f"must be >= 1, got {value}")

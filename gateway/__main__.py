@@ -1,0 +1,49 @@
+"""Command line: ``python -m gateway serve`` and ``python -m gateway policy check|explain``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _serve_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="run the gateway")
+    p.add_argument("--config", help="YAML settings file (flags and GATEWAY_* env override it)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--backend", action="append", dest="backends", metavar="URL[@REGION/ZONE]",
+                   help="a backend base URL; repeat for several")
+    p.add_argument("--redis", dest="redis_url", metavar="URL",
+                   help="L2 cache (redis:// or rediss://); none = in-process cache only")
+    p.add_argument("--policies", metavar="PATH", help="policy file or folder")
+    p.add_argument("--shadow-policies", metavar="PATH", help="candidate policy to compare")
+    p.add_argument("--tenants", dest="tenants_file", metavar="FILE", help="API key -> tenant file")
+    p.add_argument("--workers", type=int, help="worker processes (default: one per core)")
+    p.add_argument("--region")
+    p.add_argument("--zone")
+    p.add_argument("--log-level")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_args(sub)
+    from gateway.policy.cli import register as register_policy
+
+    register_policy(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        from gateway.server import serve
+
+        return serve(args)
+    handler = getattr(args, "func", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    code: int = handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Admission control: a concurrency limit and a bounded FIFO wait queue per backend tier.
+
+A request either gets a slot at once, waits in its tier's queue, or is shed at once:
+
+- ``queue_full``: the queue is at ``tier_queue``; 503 with ``Retry-After`` (the queue's expected
+  drain time), so overload costs a client microseconds rather than a timeout.
+- ``deadline``: the expected wait (queue position / concurrency x the tier's recent slot-hold
+  time) already exceeds the time the request has left; shedding now beats timing out later.
+- ``expired``: the deadline passed while the request was queued; it leaves the queue (504) and
+  never reaches a backend.
+
+Memory stays bounded: the queue never holds more than ``tier_queue`` waiters per tier. Each
+tier's service time is an EWMA of how long slots are held, fed by ``Slot.release``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+from gateway.errors import DeadlineExceeded, Overloaded
+from gateway.metrics import GatewayMetrics
+from gateway.routing.config import RoutingSettings
+
+_ALPHA = 0.2  # weight of the newest service-time sample
+
+
+class _TierQueue:
+    __slots__ = ("active", "ewma_s", "samples", "waiters")
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.ewma_s = 0.0
+        self.samples = 0
+
+
+class Slot:
+    """Permission to make one upstream call in a tier; release it exactly once (idempotent).
+
+    Usable as ``async with await admission.acquire(...)``, or call ``release()``.
+    """
+
+    __slots__ = ("_admission", "_granted_at", "_released", "queued_s", "tier")
+
+    def __init__(self, admission: Admission, tier: str, granted_at: float, queued_s: float):
+        self._admission = admission
+        self._granted_at = granted_at
+        self._released = False
+        self.tier = tier
+        self.queued_s = queued_s
+
+    @property
+    def waited(self) -> bool:
+        """True when the request had to queue for this slot."""
+        return self.queued_s > 0.0
+
+    def release(self) -> None:
+        """Give the slot back (to the next waiter, if any) and record how long it was held."""
+        if not self._released:
+            self._released = True
+            held = self._admission.clock() - self._granted_at
+            self._admission.observe(held, tier=self.tier)
+            self._admission._release(self.tier)
+
+    async def __aenter__(self) -> Slot:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class Admission:
+    """Per-tier concurrency limit, bounded FIFO queue and deadline-aware shedding."""
+
+    def __init__(
+        self,
+        settings: RoutingSettings,
+        *,
+        metrics: GatewayMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._limit = settings.tier_concurrency
+        self._queue_limit = settings.tier_queue
+        self._metrics = metrics
+        self.clock = clock
+        self._tiers: dict[str, _TierQueue] = {}
+
+    def _tier(self, tier: str) -> _TierQueue:
+        state = self._tiers.get(tier)
+        if state is None:
+            state = self._tiers[tier] = _TierQueue()
+        return state
+
+    def queue_depth(self, tier: str) -> int:
+        """Requests waiting in ``tier``'s queue now."""
+        return len(self._tier(tier).waiters)
+
+    def inflight(self, tier: str) -> int:
+        """Slots held in ``tier`` now."""
+        return self._tier(tier).active
+
+    def service_time_s(self, tier: str) -> float:
+        """The tier's recent slot-hold time (EWMA); 0 before the first sample."""
+        return self._tier(tier).ewma_s
+
+    def _drain_s(self, state: _TierQueue, position: int) -> float:
+        return position / self._limit * state.ewma_s
+
+    def check(self, tier: str, *, deadline: float) -> Overloaded | None:
+        """Why ``acquire`` would shed now, or None if it would admit or queue. No side effects."""
+        state = self._tier(tier)
+        if state.active < self._limit and not state.waiters:
+            return None
+        queued = len(state.waiters)
+        if queued >= self._queue_limit:
+            return Overloaded(
+                f"upstream queue for tier {tier!r} is full", reason="queue_full",
+                retry_after_s=self._drain_s(state, queued),
+            )
+        wait = self._drain_s(state, queued + 1)
+        if wait > deadline - self.clock():
+            return Overloaded(
+                f"expected wait {wait * 1000:.0f} ms exceeds the request deadline",
+                reason="deadline", retry_after_s=wait,
+            )
+        return None
+
+    def try_acquire(self, tier: str) -> Slot | None:
+        """A slot only if one is free right now (hedged copies never queue)."""
+        state = self._tier(tier)
+        if state.active >= self._limit or state.waiters:
+            return None
+        return self._grant(tier, state, queued_s=0.0)
+
+    async def acquire(self, tier: str, *, deadline: float, record_shed: bool = True) -> Slot:
+        """A slot in ``tier``; queue for it until ``deadline`` (a ``clock`` time) at most.
+
+        Raises ``Overloaded`` at once when shed, ``DeadlineExceeded`` when the deadline passes
+        first. ``record_shed=False`` leaves the shed metric to the caller (who may fail over to
+        another tier instead).
+        """
+        start = self.clock()
+        if deadline <= start:
+            self._shed("expired")
+            raise DeadlineExceeded("deadline passed before the request reached a backend")
+        refusal = self.check(tier, deadline=deadline)
+        if refusal is not None:
+            if record_shed:
+                self._shed(refusal.reason)
+            raise refusal
+        state = self._tier(tier)
+        if state.active < self._limit and not state.waiters:
+            return self._grant(tier, state, queued_s=0.0)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        state.waiters.append(waiter)
+        self._gauges(tier, state)
+        try:
+            async with asyncio.timeout(deadline - start):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                # Granted in the same instant the deadline fired: pass the slot on.
+                self._release(tier)
+            else:
+                waiter.cancel()
+                try:
+                    state.waiters.remove(waiter)
+                except ValueError:
+                    pass
+                self._gauges(tier, state)
+            if isinstance(exc, TimeoutError):
+                self._shed("expired")
+                raise DeadlineExceeded(
+                    "deadline passed while waiting for a backend slot"
+                ) from None
+            raise
+        # _release already counted this slot as active when it woke us.
+        now = self.clock()
+        return Slot(self, tier, now, queued_s=max(now - start, 1e-9))
+
+    def _grant(self, tier: str, state: _TierQueue, *, queued_s: float) -> Slot:
+        state.active += 1
+        self._gauges(tier, state)
+        return Slot(self, tier, self.clock(), queued_s=queued_s)
+
+    def _release(self, tier: str) -> None:
+        state = self._tier(tier)
+        state.active -= 1
+        while state.waiters:
+            waiter = state.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                state.active += 1
+                break
+        self._gauges(tier, state)
+
+    def observe(self, service_time_s: float, *, tier: str | None = None) -> None:
+        """Feed a slot-hold time into ``tier``'s EWMA (every known tier when None)."""
+        targets = [self._tier(tier)] if tier is not None else list(self._tiers.values())
+        for state in targets:
+            state.ewma_s = service_time_s if not state.samples else (
+                _ALPHA * service_time_s + (1.0 - _ALPHA) * state.ewma_s
+            )
+            state.samples += 1
+
+    def _shed(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.shed.labels(reason).inc()
+
+    def _gauges(self, tier: str, state: _TierQueue) -> None:
+        if self._metrics is not None:
+            self._metrics.queue_depth.labels(tier).set(len(state.waiters))
+            self._metrics.inflight.labels(tier).set(state.active)

@@ -1,0 +1,163 @@
+"""``create_app``: the one place that builds the gateway and wires every dependency.
+
+Tests pass in their own pieces (a registry, a policy store, tenants); nothing is a module-level
+singleton. Resources with a lifetime (the client session, Redis, health checks, the policy file
+watcher) are opened and closed in ``cleanup_ctx``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from gateway import state
+from gateway.admission import Admission
+from gateway.cache.memory import MemoryCache
+from gateway.cache.redis import RedisCache
+from gateway.cache.settings import RedisSettings
+from gateway.cache.tiered import TieredCache
+from gateway.handlers import oip, openai, ops
+from gateway.metrics import GatewayMetrics
+from gateway.middleware import make_error_middleware
+from gateway.oip_pipeline import OipPipeline
+from gateway.pipeline import Pipeline
+from gateway.policy.store import PolicyStore
+from gateway.routing.balancer import Router
+from gateway.routing.config import BackendSpec, RoutingSettings
+from gateway.routing.health import HealthChecker
+from gateway.settings import Settings, SettingsError
+from gateway.tenants import Tenants
+from gateway.upstream import Upstream
+
+log = logging.getLogger("gateway")
+
+
+def routing_settings(settings: Settings) -> RoutingSettings:
+    return RoutingSettings(
+        region=settings.region, zone=settings.zone,
+        health_interval_s=settings.health_interval_s,
+        eject_after_failures=settings.eject_after_failures,
+        connect_timeout_s=settings.connect_timeout_ms / 1000.0,
+        read_timeout_s=settings.read_timeout_ms / 1000.0,
+        pool_size=settings.pool_size, hedge_after_p95=settings.hedge,
+        tier_concurrency=settings.tier_concurrency, tier_queue=settings.tier_queue,
+        default_timeout_ms=settings.default_timeout_ms, models=settings.models,
+    )
+
+
+def _policy_paths(spec: str | None) -> list[Path]:
+    return [Path(spec)] if spec else []
+
+
+def create_app(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    tenants: Tenants | None = None,
+    handle_signals: bool = False,
+) -> web.Application:
+    """Build the gateway application from settings."""
+    if not settings.backends:
+        raise SettingsError("backends: at least one backend URL is required (--backend URL)")
+    metrics = GatewayMetrics(registry)
+    app = web.Application(
+        middlewares=[make_error_middleware(metrics)],
+        client_max_size=settings.max_body_bytes,
+        handler_args={"max_field_size": 16384},
+    )
+    app[state.SETTINGS] = settings
+    app[state.METRICS] = metrics
+    app[state.TENANTS] = tenants if tenants is not None else (
+        Tenants.load(Path(settings.tenants_file)) if settings.tenants_file else Tenants.public()
+    )
+    policies = PolicyStore(
+        _policy_paths(settings.policies), metrics=metrics,
+        shadow_paths=_policy_paths(settings.shadow_policies) or None,
+        poll_interval_s=settings.policy_poll_s,
+    )
+    app[state.POLICIES] = policies
+    rsettings = routing_settings(settings)
+    specs = [BackendSpec(url=b.url, region=b.region, zone=b.zone) for b in settings.backends]
+    router = Router(specs, rsettings, metrics=metrics)
+    app[state.ROUTER] = router
+    l1 = MemoryCache(max_entries=settings.l1_max_entries, max_bytes=settings.l1_max_bytes)
+    l2 = None
+    if settings.redis_url:
+        l2 = RedisCache(RedisSettings(
+            url=settings.redis_url, timeout_s=settings.redis_timeout_ms / 1000.0,
+            key_prefix=settings.redis_key_prefix, cluster=settings.redis_cluster,
+        ), metrics=metrics)
+    cache = TieredCache(l1, l2, metrics=metrics)
+    app[state.CACHE] = cache
+    app.cleanup_ctx.append(_lifetime(handle_signals))
+
+    app.router.add_post("/v1/embeddings", openai.embeddings)
+    app.router.add_post("/v1/classify", openai.classify)
+    app.router.add_post("/v1/rank", openai.rank)
+    app.router.add_post("/v2/models/{name}/infer", oip.infer)
+    app.router.add_post("/v2/models/{name}/versions/{version}/infer", oip.infer)
+    app.router.add_get("/v2/models/{name}", oip.model_metadata)
+    app.router.add_get("/v2/models/{name}/versions/{version}", oip.model_metadata)
+    app.router.add_get("/v2/health/ready", oip.server_ready)
+    app.router.add_get("/v2/health/live", oip.server_live)
+    app.router.add_get("/healthz", ops.healthz)
+    app.router.add_get("/readyz", ops.readyz)
+    app.router.add_get("/metrics", ops.metrics)
+    return app
+
+
+def _lifetime(handle_signals: bool):  # type: ignore[no-untyped-def]
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        settings = app[state.SETTINGS]
+        metrics = app[state.METRICS]
+        router = app[state.ROUTER]
+        rsettings = routing_settings(settings)
+        connector = aiohttp.TCPConnector(
+            limit=settings.pool_size, limit_per_host=settings.pool_size,
+            keepalive_timeout=60.0, ttl_dns_cache=300,
+        )
+        session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        policies = app[state.POLICIES]
+        await policies.reload()
+        await policies.start()
+        admission = Admission(rsettings, metrics=metrics)
+        upstream = Upstream(session, router, admission, rsettings, metrics=metrics)
+        app[state.UPSTREAM] = upstream
+        health = HealthChecker(router, session, rsettings)
+        await health.check_once()
+        await health.start()
+        pipeline = Pipeline(policies=policies, cache=app[state.CACHE], upstream=upstream,
+                            model_version=router.model_version, metrics=metrics)
+        app[state.PIPELINE] = pipeline
+        app[state.OIP] = OipPipeline(pipeline=pipeline, cache=app[state.CACHE],
+                                     upstream=upstream, model_version=router.model_version)
+        loop = asyncio.get_running_loop()
+        if handle_signals:
+            loop.add_signal_handler(signal.SIGHUP, lambda: pipeline.spawn(_reload(policies)))
+        try:
+            yield
+        finally:
+            if handle_signals:
+                loop.remove_signal_handler(signal.SIGHUP)
+            await health.stop()
+            await policies.stop()
+            await pipeline.drain()
+            await app[state.CACHE].close()
+            await session.close()
+
+    return lifetime
+
+
+async def _reload(policies: PolicyStore) -> None:
+    try:
+        await policies.reload()
+        log.info("policy reloaded on SIGHUP", extra={"policy_version": policies.active.version})
+    except Exception:  # the store already logged the errors and kept the last good policy
+        return

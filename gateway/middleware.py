@@ -1,0 +1,98 @@
+"""Middleware, outermost first: request id and error rendering, then access log and metrics.
+
+Every error leaves as ``{"error": {"type", "message", "request_id"}}`` with the status its class
+carries; anything unexpected is logged with its traceback and answered 500 without internals.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound, PayloadTooLarge
+from gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("gateway.access")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+REQUEST_ID = "gateway.request_id"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def request_id_of(request: web.Request) -> str:
+    rid: str = request.get(REQUEST_ID, "")
+    return rid
+
+
+def error_response(exc: GatewayError, request_id: str) -> web.Response:
+    body = {"error": {"type": exc.type, "message": exc.message, "request_id": request_id}}
+    headers = {"X-Request-Id": request_id, **exc.headers()}
+    return web.Response(status=exc.status, body=orjson.dumps(body),
+                        content_type="application/json", headers=headers)
+
+
+def _from_http_exception(exc: web.HTTPException) -> GatewayError:
+    if exc.status == 404:
+        return NotFound("no such route")
+    if exc.status == 405:
+        return MethodNotAllowed("method not allowed on this route")
+    if exc.status == 413:
+        return PayloadTooLarge("request body too large")
+    err = GatewayError(exc.reason)
+    err.status = exc.status
+    err.type = "http_error"
+    return err
+
+
+def make_error_middleware(metrics: GatewayMetrics) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Assign the request id, render every error as JSON, log and count each request."""
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        incoming = request.headers.get("X-Request-Id", "")
+        rid = incoming if _SAFE_ID.match(incoming) else uuid.uuid4().hex
+        request[REQUEST_ID] = rid
+        t0 = time.perf_counter()
+        route = _route_label(request)
+        try:
+            response = await handler(request)
+        except GatewayError as exc:
+            response = error_response(exc, rid)
+        except web.HTTPException as exc:
+            response = error_response(_from_http_exception(exc), rid)
+        except Exception:
+            log.exception("unhandled error", extra={"request_id": rid, "route": route})
+            response = error_response(GatewayError("internal error"), rid)
+        cache = response.headers.get("X-Cache", "NONE") if isinstance(response, web.Response) \
+            else "NONE"
+        elapsed = time.perf_counter() - t0
+        if route not in ("/metrics",):
+            metrics.requests.labels(route, str(response.status), cache).inc()
+            metrics.request_duration.labels(route, cache).observe(elapsed)
+        response.headers.setdefault("X-Request-Id", rid)
+        if log.isEnabledFor(logging.INFO) and route not in ("/metrics", "/healthz"):
+            log.info("request", extra={
+                "request_id": rid, "method": request.method, "route": route,
+                "status": response.status, "cache": cache,
+                "tenant": request.get("gateway.tenant", ""),
+                "duration_ms": round(elapsed * 1000.0, 3),
+            })
+        return response
+
+    return errors
+
+
+def _route_label(request: web.Request) -> str:
+    """The route pattern, not the raw path: bounded label cardinality, no ids in metrics."""
+    info = request.match_info
+    route = info.route if info is not None else None
+    resource = route.resource if route is not None else None
+    if resource is None:
+        return "unmatched"
+    return resource.canonical

@@ -1,0 +1,62 @@
+"""What the gateway knows about each backend at run time.
+
+``BackendState`` is plain mutable state owned by the ``Router`` (load, latency EWMA, ejection)
+and the ``HealthChecker`` (health, model versions). It has identity semantics: two states are
+the same backend only if they are the same object, so they can live in sets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.routing.config import BackendSpec
+
+
+@dataclass(eq=False, slots=True)
+class BackendState:
+    """One backend's live state.
+
+    Attributes:
+        spec: where it is and its locality.
+        healthy: last verdict of the active health checks (optimistic until the first check).
+        ejected_until: clock time until which passive outlier ejection keeps it out.
+        consecutive_failures: failed calls in a row since the last success.
+        ejections: how many times it has been ejected (also the doubling exponent, see
+            ``ejection_level``).
+        ejection_level: exponent of the next ejection time; decays after a quiet period.
+        inflight: calls in flight now.
+        ewma_s: latency EWMA in seconds; 0 until the first sample.
+        samples: latency samples seen.
+        health_failures: failed health checks in a row.
+        model_versions: model name -> version, as the backend's metadata reports it.
+    """
+
+    spec: BackendSpec
+    healthy: bool = True
+    ejected_until: float = 0.0
+    consecutive_failures: int = 0
+    ejections: int = 0
+    ejection_level: int = 0
+    inflight: int = 0
+    ewma_s: float = 0.0
+    samples: int = 0
+    health_failures: int = 0
+    model_versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The backend's label for metrics and logs."""
+        return self.spec.label
+
+    @property
+    def url(self) -> str:
+        """Base URL, without a trailing slash."""
+        return self.spec.url
+
+    def ejected(self, now: float) -> bool:
+        """True while passive ejection keeps this backend out."""
+        return now < self.ejected_until
+
+    def available(self, now: float) -> bool:
+        """Healthy and not ejected: the balancer may send it traffic."""
+        return self.healthy and not self.ejected(now)

@@ -1,0 +1,151 @@
+"""Active health checks on the OIP readiness route, and model versions from OIP metadata.
+
+Every ``health_interval_s`` each backend gets ``GET /v2/health/ready``. A refused connection or a
+non-200 answer marks it unhealthy at once (nothing listens, or it says it is not ready); timeouts
+and other errors must repeat ``unhealthy_threshold`` times, so one slow answer under load does
+not move traffic. One success marks it healthy again, but does not cut a passive ejection short:
+ejection is about failed calls, which a cheap readiness probe cannot vouch for.
+
+A healthy backend is also asked ``GET /v2/models/{name}`` for every configured model; the router
+turns the reported versions into the version the cache keys use, and ``on_version_change`` hears
+of a change the moment a check sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable
+
+import aiohttp
+import orjson
+
+from gateway.routing.backends import BackendState
+from gateway.routing.balancer import Router, version_sort_key
+from gateway.routing.config import RoutingSettings
+
+log = logging.getLogger(__name__)
+
+VersionCallback = Callable[[str, str | None, str], None]
+
+
+class _Probe(enum.Enum):
+    OK = "ok"
+    DOWN = "down"  # definitive: refused or not ready
+    FLAKY = "flaky"  # timeout or transport error: counts toward the threshold
+
+
+_UNKNOWN = object()  # metadata could not be read this time: keep what we knew
+
+
+class HealthChecker:
+    """Polls every backend's readiness and model metadata; started and stopped explicitly."""
+
+    def __init__(
+        self,
+        router: Router,
+        session: aiohttp.ClientSession,
+        settings: RoutingSettings,
+        *,
+        on_version_change: VersionCallback | None = None,
+    ) -> None:
+        self._router = router
+        self._session = session
+        self._settings = settings
+        self._on_version_change = on_version_change
+        self._timeout = aiohttp.ClientTimeout(total=settings.health_timeout_s)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Check every backend once (so versions are known before traffic), then keep polling."""
+        if self._task is not None:
+            return
+        await self.check_once()
+        self._task = asyncio.create_task(self._run(), name="gateway-health-checker")
+
+    async def stop(self) -> None:
+        """Stop polling and wait for the loop to end."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.health_interval_s)
+            try:
+                await self.check_once()
+            except Exception:  # the loop must outlive any one bad round
+                log.exception("health check round failed")
+
+    async def check_once(self) -> None:
+        """Probe every backend concurrently and apply the verdicts."""
+        models = self._settings.models
+        before = {m: self._router.model_version(m) for m in models}
+        await asyncio.gather(*(self._check(state) for state in self._router.states))
+        self._router.refresh_gauges()
+        for model in models:
+            after = self._router.model_version(model)
+            if after is not None and after != before[model]:
+                log.info("model version changed",
+                         extra={"model": model, "old": before[model], "new": after})
+                if self._on_version_change is not None:
+                    try:
+                        self._on_version_change(model, before[model], after)
+                    except Exception:
+                        log.exception("on_version_change callback failed")
+
+    async def _check(self, state: BackendState) -> None:
+        probe = await self._probe(state)
+        if probe is _Probe.OK:
+            state.health_failures = 0
+            versions = dict(state.model_versions)
+            for model in self._settings.models:
+                found = await self._version(state, model)
+                if found is None:
+                    versions.pop(model, None)
+                elif isinstance(found, str):
+                    versions[model] = found
+            # Versions first, so the flip to healthy already carries them.
+            self._router.set_model_versions(state, versions)
+            self._router.set_health(state, True)
+            return
+        state.health_failures += 1
+        if probe is _Probe.DOWN or state.health_failures >= self._settings.unhealthy_threshold:
+            self._router.set_health(state, False)
+
+    async def _probe(self, state: BackendState) -> _Probe:
+        try:
+            async with self._session.get(
+                f"{state.url}/v2/health/ready", timeout=self._timeout
+            ) as resp:
+                await resp.read()
+                return _Probe.OK if resp.status == 200 else _Probe.DOWN
+        except aiohttp.ClientConnectorError:
+            return _Probe.DOWN
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return _Probe.FLAKY
+
+    async def _version(self, state: BackendState, model: str) -> str | None | object:
+        """The highest version the backend lists for ``model``; None if it does not serve it."""
+        try:
+            async with self._session.get(
+                f"{state.url}/v2/models/{model}", timeout=self._timeout
+            ) as resp:
+                body = await resp.read()
+                if resp.status == 404:
+                    return None
+                if resp.status != 200:
+                    return _UNKNOWN
+            meta = orjson.loads(body)
+        except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError):
+            return _UNKNOWN
+        versions = meta.get("versions") if isinstance(meta, dict) else None
+        if not isinstance(versions, list):
+            return _UNKNOWN
+        names = [str(v) for v in versions if isinstance(v, str | int) and not isinstance(v, bool)]
+        # A backend that lists no versions still serves the model: "" is its one version.
+        return max(names, key=version_sort_key) if names else ""

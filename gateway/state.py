@@ -1,0 +1,30 @@
+"""Typed application state keys: everything ``create_app`` wires, looked up by handlers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from gateway.cache.tiered import TieredCache
+    from gateway.metrics import GatewayMetrics
+    from gateway.oip_pipeline import OipPipeline
+    from gateway.pipeline import Pipeline
+    from gateway.policy.store import PolicyStore
+    from gateway.routing.balancer import Router
+    from gateway.settings import Settings
+    from gateway.stats import Stats
+    from gateway.tenants import Tenants
+    from gateway.upstream import Upstream
+
+SETTINGS: web.AppKey[Settings] = web.AppKey("settings")
+METRICS: web.AppKey[GatewayMetrics] = web.AppKey("metrics")
+PIPELINE: web.AppKey[Pipeline] = web.AppKey("pipeline")
+OIP: web.AppKey[OipPipeline] = web.AppKey("oip")
+TENANTS: web.AppKey[Tenants] = web.AppKey("tenants")
+POLICIES: web.AppKey[PolicyStore] = web.AppKey("policies")
+CACHE: web.AppKey[TieredCache] = web.AppKey("cache")
+ROUTER: web.AppKey[Router] = web.AppKey("router")
+UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream")
+STATS: web.AppKey[Stats] = web.AppKey("stats")

@@ -1,0 +1,125 @@
+"""Gateway test fixtures: a real backend process serving the real model, and gateway apps."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
+
+from gateway.app import create_app
+from gateway.settings import load_settings
+from gateway.tenants import Tenants
+from tests.conftest import REPO, free_port
+
+
+@dataclass
+class BackendProc:
+    """A ``python -m backend serve`` process on a free loopback port."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    def requests_total(self) -> float:
+        """Inference calls the backend has answered (from its own /metrics)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("backend_requests_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def start_backend(models_dir: Path, *, zone: str = "local", region: str = "local",
+                  extra: tuple[str, ...] = ()) -> BackendProc:
+    port = free_port()
+    cmd = [sys.executable, "-m", "backend", "serve", "--models", str(models_dir),
+           "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
+           "--zone", zone, "--region", region, *extra]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise RuntimeError(f"backend exited with {proc.returncode}: {err[-2000:]}")
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                return BackendProc(url, port, proc)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError("backend did not become ready in 120 s")
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def backend(models_dir: Path) -> Iterator[BackendProc]:
+    """One real backend (real ONNX Runtime, real MiniLM) for the whole session."""
+    proc = start_backend(models_dir)
+    try:
+        yield proc
+    finally:
+        stop_process(proc.proc)
+
+
+GatewayFactory = Callable[..., Any]
+
+
+@pytest.fixture
+async def gateway(backend: BackendProc, aiohttp_client: Any) -> AsyncIterator[GatewayFactory]:
+    """Factory: ``await gateway(redis_url=..., policies=...)`` -> an aiohttp TestClient."""
+    clients: list[TestClient[Any, Any]] = []
+
+    async def make(*, tenants: Tenants | None = None, **overrides: Any) -> TestClient[Any, Any]:
+        values: dict[str, Any] = {"backends": [backend.url], "health_interval_s": 0.5}
+        values.update(overrides)
+        settings = load_settings(None, values, environ={})
+        app = create_app(settings, registry=CollectorRegistry(), tenants=tenants)
+        client: TestClient[Any, Any] = await aiohttp_client(TestServer(app))
+        clients.append(client)
+        return client
+
+    yield make
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})?\s+(\S+)$", line)
+        if not m:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def gateway_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    return env

@@ -1,0 +1,60 @@
+"""OIP v2 through the gateway: cached infer, id echo, metadata and health passthrough."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tests.gateway.conftest import BackendProc, GatewayFactory
+
+
+def infer_body(texts: list[str], **extra: Any) -> dict[str, Any]:
+    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)],
+                        "data": texts}], **extra}
+
+
+async def test_infer_is_cached_and_id_echoed(gateway: GatewayFactory, backend: BackendProc,
+                                             reference: dict[str, Any]) -> None:
+    client = await gateway()
+    item = reference["items"][2]  # type: ignore[index]
+    before = backend.requests_total()
+    resp = await client.post("/v2/models/minilm/infer",
+                             json=infer_body([item["text"]], id="first",
+                                             parameters={"b": 1, "a": 2}))
+    assert resp.status == 200, await resp.text()
+    assert resp.headers["X-Cache"] == "MISS"
+    first = await resp.json()
+    assert first["id"] == "first"
+    out = first["outputs"][0]
+    assert out["datatype"] == "FP32" and out["shape"] == [1, 384]
+    vec = np.array(out["data"], dtype=np.float32)
+    want = np.array(item["embedding"], dtype=np.float32)
+    assert float(vec @ want / np.linalg.norm(want)) >= 0.9999
+    # Same request, other id and parameters in another order: the canonical form matches.
+    resp = await client.post("/v2/models/minilm/infer",
+                             json=infer_body([item["text"]], id="second",
+                                             parameters={"a": 2, "b": 1}))
+    assert resp.headers["X-Cache"] == "HIT"
+    second = await resp.json()
+    assert second["id"] == "second"
+    assert second["outputs"] == first["outputs"]
+    resp = await client.post("/v2/models/minilm/infer", json=infer_body([item["text"]]))
+    assert "id" not in await resp.json()
+    assert backend.requests_total() == before + 1
+
+
+async def test_metadata_and_health(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    resp = await client.get("/v2/models/minilm")
+    assert resp.status == 200
+    meta = await resp.json()
+    assert meta["name"] == "minilm" and meta["versions"]
+    resp = await client.get("/v2/models/unknown")
+    assert resp.status == 404
+    assert (await client.get("/v2/health/ready")).status == 200
+    assert (await client.get("/v2/health/live")).status == 200
+    assert (await client.get("/healthz")).status == 200
+    ready = await client.get("/readyz")
+    assert ready.status == 200
+    assert (await ready.json())["policy_version"]
