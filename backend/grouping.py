@@ -1,0 +1,48 @@
+"""Grouping items by size (token length) so that batches carry little padding.
+
+Pure functions over item sizes, used by the batcher: which items form the next batch when more
+are waiting than fit, and whether a batch of very mixed lengths runs better as a few calls.
+Cost model: a call over items padded to the longest costs ``count * longest`` size units, plus a
+fixed ``split_cost`` for the call itself (ONNX Runtime's per-call overhead, in the same units).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+
+def choose_window(sizes: Sequence[int], must: int, width: int) -> int:
+    """Start of the ``width``-long run of ascending ``sizes`` that holds index ``must`` and pads
+    least (padding of a run = width * its largest size - its total size)."""
+    prefix = [0, *itertools.accumulate(sizes)]
+    best, best_cost = must, math.inf
+    for start in range(max(0, must - width + 1), min(must, len(sizes) - width) + 1):
+        cost = width * sizes[start + width - 1] - (prefix[start + width] - prefix[start])
+        if cost < best_cost:
+            best, best_cost = start, cost
+    return best
+
+
+def plan_groups(sizes: Sequence[int], split_cost: float) -> list[tuple[int, int]]:
+    """Cuts ascending ``sizes`` into ``(lo, hi)`` runs minimising padded work plus
+    ``split_cost`` per run. Cuts are only tried where the power-of-two bucket changes, which
+    keeps this a tiny dynamic programme whatever the batch size."""
+    n = len(sizes)
+    if n == 0:
+        return []
+    cuts = [0, *(i for i in range(1, n) if sizes[i].bit_length() != sizes[i - 1].bit_length()), n]
+    best = [0.0] + [math.inf] * (len(cuts) - 1)
+    prev = [0] * len(cuts)
+    for j in range(1, len(cuts)):
+        for i in range(j):
+            cost = best[i] + (cuts[j] - cuts[i]) * sizes[cuts[j] - 1] + split_cost
+            if cost < best[j]:
+                best[j], prev[j] = cost, i
+    bounds: list[tuple[int, int]] = []
+    j = len(cuts) - 1
+    while j > 0:
+        bounds.append((cuts[prev[j]], cuts[j]))
+        j = prev[j]
+    return bounds[::-1]

@@ -1,0 +1,458 @@
+"""The upstream client: OIP v2 calls to the backends over one pooled keep-alive session.
+
+Each call: the router picks a backend (nearest tier, P2C), admission grants a slot in that tier
+(failing over to the next tier when a tier would shed), the request goes out with
+``X-Request-Id`` and ``X-Request-Timeout-Ms`` (the time left), and the answer is checked before
+anyone sees it. A connection failure or a backend 503 is retried once on another backend
+(inference is idempotent); with ``hedge_after_p95`` a call slower than its tier's p95 gets a
+second copy on another backend and the first answer wins.
+
+aiohttp exceptions stop here; callers only see ``gateway.errors``:
+
+    connection refused / reset / connect timeout  -> retried, then BadGateway (502)
+    backend 503 on every try                      -> Overloaded(reason="backend_overloaded")
+    request deadline passed / read timeout        -> DeadlineExceeded (504)
+    backend 4xx, other 5xx, malformed answer      -> BadGateway (502)
+    no backend available                          -> Overloaded(reason="no_backend")
+    every tier shedding                           -> Overloaded(reason="queue_full" | "deadline")
+
+Shed counts for the reasons above are recorded here; the admission queue records ``expired``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import aiohttp
+import numpy as np
+import orjson
+
+from gateway.admission import Admission, Slot
+from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, Overloaded
+from gateway.metrics import GatewayMetrics
+from gateway.routing.backends import BackendState
+from gateway.routing.balancer import Outcome, Router
+from gateway.routing.config import RoutingSettings
+from gateway.upstream_hedge import HedgePolicy
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class InferResult:
+    """Embeddings from one backend call, with where and how long it took."""
+
+    embeddings: np.ndarray  # float32 [n, dim]
+    backend: str
+    zone: str
+    queue_ms: float
+    compute_ms: float
+    upstream_s: float
+    model_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class RawResult:
+    """A backend's answer passed through as is."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str]
+    backend: str
+    zone: str = ""
+    upstream_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    status: int
+    body: bytes
+    headers: Mapping[str, str]
+    state: BackendState
+    latency_s: float
+
+
+class _Retryable(Exception):
+    """An attempt failed in a way another backend may not (refused, reset, 503)."""
+
+    def __init__(self, reason: str, error: GatewayError) -> None:
+        super().__init__(error.message)
+        self.reason = reason
+        self.error = error
+
+
+def create_session(settings: RoutingSettings) -> aiohttp.ClientSession:
+    """The one pooled keep-alive session for all backend traffic (call inside the event loop)."""
+    connector = aiohttp.TCPConnector(
+        limit=settings.pool_size, limit_per_host=settings.pool_size, keepalive_timeout=30.0,
+        ttl_dns_cache=60,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s),
+        skip_auto_headers=("User-Agent",),
+    )
+
+
+def _retry_after(headers: Mapping[str, str]) -> float:
+    try:
+        return min(max(float(headers.get("Retry-After", "1")), 0.0), 3600.0)
+    except ValueError:
+        return 1.0  # an HTTP-date; not worth parsing for a hint
+
+
+def _server_timing(headers: Mapping[str, str]) -> dict[str, float]:
+    """``queue;dur=1.2, compute;dur=3.4`` -> {"queue": 1.2, "compute": 3.4} (milliseconds)."""
+    found: dict[str, float] = {}
+    for metric in headers.get("Server-Timing", "").split(","):
+        name, _, rest = metric.strip().partition(";")
+        for param in rest.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur":
+                with contextlib.suppress(ValueError):
+                    found[name.strip()] = float(value)
+    return found
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:200].decode("utf-8", "replace")
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(error, dict):
+        error = error.get("message")
+    return str(error)[:200] if error is not None else ""
+
+
+class Upstream:
+    """Routes, admits, sends and checks backend calls; the pipeline's one way to a backend."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        router: Router,
+        admission: Admission,
+        settings: RoutingSettings,
+        *,
+        metrics: GatewayMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._session = session
+        self._router = router
+        self._admission = admission
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+        self._timeout = aiohttp.ClientTimeout(
+            total=settings.read_timeout_s, sock_connect=settings.connect_timeout_s
+        )
+        self._hedge = HedgePolicy(settings) if settings.hedge_after_p95 else None
+
+    def ready(self) -> bool:
+        """At least one backend passes its health checks."""
+        return self._router.ready()
+
+    async def infer_texts(
+        self, model: str, texts: Sequence[str], *, request_id: str, deadline: float
+    ) -> InferResult:
+        """Embeddings for ``texts`` (float32 ``[n, dim]``) from the best backend."""
+        n = len(texts)
+        body = orjson.dumps(
+            {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [n], "data": list(texts)}]}
+        )
+        if self._metrics is not None:
+            self._metrics.upstream_batch.observe(n)
+
+        def decode(reply: _Reply) -> InferResult:
+            if reply.status != 200:
+                raise BadGateway(
+                    f"backend {reply.state.name} answered {reply.status}: "
+                    f"{_error_message(reply.body)}"
+                )
+            return self._decode_embeddings(model, n, reply)
+
+        return await self._exchange(
+            f"/v2/models/{model}/infer", body, request_id=request_id, deadline=deadline,
+            decode=decode,
+        )
+
+    async def infer_raw(
+        self, model: str, body: bytes, *, request_id: str, deadline: float
+    ) -> RawResult:
+        """OIP passthrough: the backend's 2xx/4xx answer as is; 5xx map to gateway errors."""
+
+        def decode(reply: _Reply) -> RawResult:
+            return RawResult(reply.status, reply.body, reply.headers, reply.state.name,
+                             reply.state.spec.zone, reply.latency_s)
+
+        return await self._exchange(
+            f"/v2/models/{model}/infer", body, request_id=request_id, deadline=deadline,
+            decode=decode,
+        )
+
+    async def get(self, path: str, *, request_id: str) -> RawResult:
+        """Passthrough GET (e.g. ``/v2/models/{name}``) to a healthy backend, any status."""
+        if not path.startswith("/") or path.startswith("//"):
+            raise ValueError(f"path must be absolute on the backend, got {path!r}")
+        tried: list[BackendState] = []
+        for _ in range(2):
+            state = self._router.pick(tried) or (self._router.pick() if tried else None)
+            if state is None:
+                break
+            tried.append(state)
+            start = self._clock()
+            try:
+                async with self._session.get(
+                    state.url + path, headers={"X-Request-Id": request_id},
+                    timeout=self._timeout,
+                ) as resp:
+                    body = await resp.read()
+                    return RawResult(resp.status, body, resp.headers, state.name,
+                                     state.spec.zone, self._clock() - start)
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                if isinstance(exc, aiohttp.ServerTimeoutError) and not isinstance(
+                    exc, aiohttp.ConnectionTimeoutError
+                ):
+                    raise DeadlineExceeded(f"backend {state.name} did not answer") from None
+                continue
+            except TimeoutError:
+                raise DeadlineExceeded(f"backend {state.name} did not answer") from None
+            except aiohttp.ClientError as exc:
+                raise BadGateway(f"backend {state.name} failed: {type(exc).__name__}") from None
+        if not tried:
+            self._shed("no_backend")
+            raise Overloaded("no backend available", reason="no_backend")
+        raise BadGateway("could not connect to any backend")
+
+    async def _exchange(
+        self, path: str, body: bytes, *, request_id: str, deadline: float,
+        decode: Callable[[_Reply], T],
+    ) -> T:
+        tried: list[BackendState] = []
+        last: _Retryable | None = None
+        for attempt in range(2 if self._settings.retry else 1):
+            admitted = await self._admit(deadline, tried)
+            if admitted is None and last is not None and last.reason == "conn_error":
+                # A lone backend may just have dropped a stale keep-alive connection.
+                admitted = await self._admit(deadline, ())
+            if admitted is None:
+                if last is not None:
+                    break
+                self._shed("no_backend")
+                raise Overloaded("no backend available", reason="no_backend")
+            if attempt and last is not None and self._metrics is not None:
+                self._metrics.retries.labels(last.reason).inc()
+            try:
+                return await self._call(admitted, tried, path, body, request_id, deadline, decode)
+            except _Retryable as exc:
+                last = exc
+        assert last is not None
+        if isinstance(last.error, Overloaded):
+            self._shed(last.error.reason)
+        raise last.error
+
+    async def _admit(
+        self, deadline: float, exclude: Sequence[BackendState]
+    ) -> tuple[BackendState, Slot] | None:
+        """A backend and a slot in its tier, trying farther tiers while a near one sheds."""
+        skipped: set[str] = set()
+        refusal: Overloaded | None = None
+        while True:
+            allowed = {t for t, _ in self._router.tiers()} - skipped
+            state = self._router.pick(exclude, tiers=allowed)
+            if state is None:
+                if refusal is not None:
+                    self._shed(refusal.reason)
+                    raise refusal
+                return None
+            tier = self._router.tier_of(state)
+            try:
+                slot = await self._admission.acquire(tier, deadline=deadline, record_shed=False)
+            except Overloaded as exc:
+                refusal = refusal or exc
+                skipped.add(tier)
+                continue
+            if slot.waited:
+                # Load and health moved while we queued: choose again within the tier.
+                again = self._router.pick(exclude, tiers={tier})
+                if again is None:
+                    slot.release(observe=False)
+                    skipped.add(tier)
+                    continue
+                state = again
+            return state, slot
+
+    async def _call(
+        self, admitted: tuple[BackendState, Slot], tried: list[BackendState], path: str,
+        body: bytes, request_id: str, deadline: float, decode: Callable[[_Reply], T],
+    ) -> T:
+        state, slot = admitted
+        tried.append(state)
+        hedge_delay = self._hedge.delay(self._router.tier_of(state)) if self._hedge else None
+        if hedge_delay is None:
+            return await self._attempt(state, slot, path, body, request_id, deadline, decode)
+        primary = asyncio.create_task(
+            self._attempt(state, slot, path, body, request_id, deadline, decode)
+        )
+        tasks: set[asyncio.Task[T]] = {primary}
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=hedge_delay)
+            if not done:
+                second = self._router.pick(tried)
+                hedge_slot = None
+                if second is not None:
+                    hedge_slot = self._admission.try_acquire(self._router.tier_of(second))
+                if second is not None and hedge_slot is not None:
+                    tried.append(second)
+                    if self._metrics is not None:
+                        self._metrics.hedges.inc()
+                    tasks.add(asyncio.create_task(self._attempt(
+                        second, hedge_slot, path, body, request_id, deadline, decode)))
+            error: BaseException | None = None
+            while tasks:
+                done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    exc = task.exception()
+                    if exc is None:
+                        return task.result()
+                    if error is None or task is primary:
+                        error = exc
+            assert error is not None
+            raise error
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _attempt(
+        self, state: BackendState, slot: Slot, path: str, body: bytes, request_id: str,
+        deadline: float, decode: Callable[[_Reply], T],
+    ) -> T:
+        """One call to one backend; owns ``slot`` and the router's in-flight count for it."""
+        self._router.on_start(state)
+        start = self._clock()
+        outcome: Outcome = "cancelled"
+        try:
+            left = deadline - start
+            if left <= 0:
+                raise DeadlineExceeded("deadline passed before the request reached a backend")
+            headers = {
+                "Content-Type": "application/json", "X-Request-Id": request_id,
+                "X-Request-Timeout-Ms": str(max(1, int(left * 1000))),
+            }
+            scope = asyncio.timeout(left)
+            try:
+                async with scope, self._session.post(
+                    state.url + path, data=body, headers=headers, timeout=self._timeout
+                ) as resp:
+                    raw = await resp.read()
+                    reply = _Reply(resp.status, raw, resp.headers, state, self._clock() - start)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                outcome = self._classify(exc, scope.expired())
+                raise self._convert(state, outcome, exc) from None
+            outcome, value = self._judge(reply, decode)
+            if outcome == "ok" and self._hedge is not None:
+                self._hedge.observe(self._router.tier_of(state), reply.latency_s)
+            return value
+        finally:
+            latency = self._clock() - start
+            self._router.on_finish(state, latency_s=latency, outcome=outcome)
+            slot.release()
+            if self._metrics is not None:
+                self._metrics.upstream_duration.labels(
+                    state.name, state.spec.zone, outcome).observe(latency)
+                self._metrics.backend_requests.labels(state.name, state.spec.zone, outcome).inc()
+
+    @staticmethod
+    def _classify(exc: BaseException, deadline_passed: bool) -> Outcome:
+        if deadline_passed:
+            return "cancelled"
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return "conn_error"
+        if isinstance(exc, TimeoutError):  # aiohttp's total (read) timeout
+            return "timeout"
+        if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError):
+            return "conn_error"
+        return "error"
+
+    @staticmethod
+    def _convert(state: BackendState, outcome: Outcome, exc: BaseException) -> Exception:
+        name = state.name
+        if outcome == "cancelled":
+            return DeadlineExceeded("deadline passed while waiting for the backend")
+        if outcome == "timeout":
+            return DeadlineExceeded(f"backend {name} did not answer within the read timeout")
+        if outcome == "conn_error":
+            return _Retryable("conn_error", BadGateway(
+                f"could not reach backend {name}: {type(exc).__name__}"))
+        return BadGateway(f"backend {name} failed: {type(exc).__name__}")
+
+    def _judge(self, reply: _Reply, decode: Callable[[_Reply], T]) -> tuple[Outcome, T]:
+        """The outcome of a complete HTTP answer, and its decoded value when it is usable."""
+        status, name = reply.status, reply.state.name
+        if status == 503:
+            retry_after = _retry_after(reply.headers)
+            raise _Retryable("overloaded", Overloaded(
+                f"backend {name} is overloaded", reason="backend_overloaded",
+                retry_after_s=retry_after,
+            ))
+        if status == 504:
+            raise DeadlineExceeded(f"backend {name} dropped the request: deadline passed")
+        if status >= 500 or status < 200 or 300 <= status < 400:
+            self._router.on_finish(reply.state, latency_s=reply.latency_s, outcome="error")
+            self._router.on_start(reply.state)  # the finally block finishes it once more
+            raise BadGateway(f"backend {name} answered {status}: {_error_message(reply.body)}")
+        try:
+            return "ok", decode(reply)
+        except BadGateway:
+            if status == 200:  # a malformed success counts against the backend
+                self._router.on_finish(reply.state, latency_s=reply.latency_s, outcome="error")
+                self._router.on_start(reply.state)
+            raise
+
+    def _decode_embeddings(self, model: str, n: int, reply: _Reply) -> InferResult:
+        name = reply.state.name
+        try:
+            doc = orjson.loads(reply.body)
+        except orjson.JSONDecodeError:
+            raise BadGateway(f"backend {name} answered with invalid JSON") from None
+        outputs = doc.get("outputs") if isinstance(doc, dict) else None
+        if not isinstance(outputs, list) or not outputs:
+            raise BadGateway(f"backend {name} answered without outputs")
+        named = [o for o in outputs if isinstance(o, dict) and o.get("name") == "embedding"]
+        out = named[0] if named else outputs[0]
+        shape = out.get("shape") if isinstance(out, dict) else None
+        if (out.get("datatype") != "FP32" or not isinstance(shape, list) or len(shape) != 2
+                or shape[0] != n or not isinstance(shape[1], int) or shape[1] < 1):
+            raise BadGateway(f"backend {name} answered an output that is not FP32 [{n}, dim]")
+        try:
+            embeddings = np.asarray(out.get("data"), dtype=np.float32).reshape(n, shape[1])
+        except (TypeError, ValueError):
+            raise BadGateway(f"backend {name} answered data that does not fit its shape") from None
+        if not np.isfinite(embeddings).all():
+            raise BadGateway(f"backend {name} answered non-finite numbers")
+        params = doc.get("parameters")
+        params = params if isinstance(params, dict) else {}
+        timing = _server_timing(reply.headers)
+        queue_ms = float(params.get("queue_time_ms", timing.get("queue", 0.0)))
+        compute_ms = float(params.get("compute_time_ms", timing.get("compute", 0.0)))
+        if self._metrics is not None:
+            self._metrics.upstream_queue.labels(name).observe(queue_ms / 1000.0)
+            self._metrics.upstream_compute.labels(name).observe(compute_ms / 1000.0)
+        version = doc.get("model_version")
+        if not isinstance(version, str):
+            version = reply.state.model_versions.get(model) or self._router.model_version(model)
+        return InferResult(embeddings, name, reply.state.spec.zone, queue_ms, compute_ms,
+                           reply.latency_s, version or "")
+
+    def _shed(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.shed.labels(reason).inc()
