@@ -163,7 +163,9 @@ class DynamicBatcher(Generic[T, R]):
         """Rough time to drain the queue (plus ``extra_items``), from recent compute speed."""
         return (self.depth + extra_items) * self._item_s + self.max_queue_delay_s
 
-    async def submit(self, items: Sequence[T], *, timeout_s: float | None = None) -> BatchOutcome[R]:
+    async def submit(
+        self, items: Sequence[T], *, timeout_s: float | None = None
+    ) -> BatchOutcome[R]:
         """Queues ``items`` and waits for their results (in order).
 
         Raises ``QueueFull`` at once when they do not fit, ``DeadlineExpired`` when

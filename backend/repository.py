@@ -69,10 +69,13 @@ class ModelConfig:
         path = self.variants.get(variant)
         if path is None:
             raise RepositoryError(
-                f"model {self.name!r} has no {variant!r} variant (it has: {', '.join(self.variants)})"
+                f"model {self.name!r} has no {variant!r} variant "
+                f"(it has: {', '.join(self.variants)})"
             )
         if not path.is_file():
-            raise RepositoryError(f"model {self.name!r}: variant {variant!r} file {path} is missing")
+            raise RepositoryError(
+                f"model {self.name!r}: variant {variant!r} file {path} is missing"
+            )
         return path
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -58,12 +59,15 @@ class Slot:
         """True when the request had to queue for this slot."""
         return self.queued_s > 0.0
 
-    def release(self) -> None:
-        """Give the slot back (to the next waiter, if any) and record how long it was held."""
+    def release(self, *, observe: bool = True) -> None:
+        """Give the slot back (to the next waiter, if any) and record how long it was held.
+
+        ``observe=False`` for a slot given back unused, which says nothing of service time.
+        """
         if not self._released:
             self._released = True
-            held = self._admission.clock() - self._granted_at
-            self._admission.observe(held, tier=self.tier)
+            if observe:
+                self._admission.observe(self._admission.clock() - self._granted_at, tier=self.tier)
             self._admission._release(self.tier)
 
     async def __aenter__(self) -> Slot:
@@ -170,10 +174,8 @@ class Admission:
                 self._release(tier)
             else:
                 waiter.cancel()
-                try:
+                with contextlib.suppress(ValueError):  # already popped by _release
                     state.waiters.remove(waiter)
-                except ValueError:
-                    pass
                 self._gauges(tier, state)
             if isinstance(exc, TimeoutError):
                 self._shed("expired")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import xxhash
 
@@ -27,21 +27,18 @@ _LEN64 = struct.Struct("<Q").pack
 _xxh3_128 = xxhash.xxh3_128_digest
 
 
-@dataclass(frozen=True, slots=True)
-class CacheKey:
+class CacheKey(NamedTuple):
     """One cache entry's identity: the 16-byte digest plus the model and scope it belongs to.
 
-    The digest alone identifies the entry (model and scope are inside it); model and scope are
-    carried along so tiers can purge by them.
+    Immutable, slotted (no ``__dict__``) and hashable. A NamedTuple rather than a frozen
+    dataclass because it is built once per item and hashed on every L1 lookup: tuple creation
+    and hashing run in C, several times faster. The digest alone identifies the entry (model and
+    scope are inside it); they are carried along so tiers can purge by them.
     """
 
     model: str
     scope: str
     digest: bytes
-
-    def __hash__(self) -> int:
-        # bytes cache their own hash, so this is cheaper than hashing the three-field tuple.
-        return hash(self.digest)
 
     @property
     def hex(self) -> str:

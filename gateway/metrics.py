@@ -33,7 +33,7 @@ class GatewayMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = None if mp else self.registry
         if mp:
-            MultiProcessCollector(self.registry)
+            MultiProcessCollector(self.registry)  # type: ignore[no-untyped-call]
 
         self.requests = Counter(
             "gateway_requests_total", "Requests answered, by route, status and cache result.",

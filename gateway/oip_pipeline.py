@@ -23,7 +23,7 @@ from gateway.context import RequestContext
 from gateway.errors import BadGateway, GatewayError, ValidationFailed
 from gateway.keys import derive_key
 from gateway.pipeline import BYPASS, COALESCED, HIT, MISS, STALE, Pipeline
-from gateway.singleflight import SingleFlight
+from gateway.singleflight import FlightAbandoned, SingleFlight
 from gateway.upstream import Upstream
 
 _TIMING = re.compile(r"(queue|compute);dur=([0-9.]+)")
@@ -157,7 +157,9 @@ class OipPipeline:
         fut, leader = self.flights.claim(key)
         if not leader:
             try:
-                body = await fut
+                body = await self.flights.join(fut)
+            except FlightAbandoned:
+                body, _ = await self._call(ctx, model, outgoing)
             except GatewayError as exc:
                 return self._stale_or_raise(ctx, stale, exc, req)
             return self._done(ctx, body, COALESCED if use_cache else BYPASS, 0.0, req)
@@ -196,7 +198,7 @@ class OipPipeline:
         entry = Entry(value=body, created_at=time.time(), ttl_s=rule.ttl_s,
                       stale_while_revalidate_s=rule.stale_while_revalidate_s,
                       stale_if_error_s=rule.stale_if_error_s, compute_ms=compute_ms)
-        self.pipeline.spawn(self.cache.set_many([(key, entry)]))
+        self.pipeline.spawn(self.cache.set_many([(key, entry)], background=True))
 
     async def _refresh(self, ctx: RequestContext, model: str, key: Any,
                        outgoing: dict[str, Any], rule: Any, storable: bool) -> None:

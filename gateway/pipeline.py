@@ -29,7 +29,7 @@ from gateway.keys import CacheKey, derive_key
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Decision, ItemDecision, Policy, Rule, evaluate
 from gateway.policy.store import PolicyStore
-from gateway.singleflight import SingleFlight
+from gateway.singleflight import FlightAbandoned, SingleFlight
 from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway.pipeline")
@@ -281,19 +281,33 @@ class Pipeline:
                     for i in positions[key]:
                         results[i] = ItemResult(item.vector, MISS, 0.0, item.tokens)
                 if store:
-                    self._store(decision.rule, [
+                    await self._store(decision.rule, [
                         (key, item) for key, item in zip(led, fetched, strict=True)
                         if all(decision.items[i].store for i in positions[key])
                     ])
 
+        orphans: list[CacheKey] = []
         for key, fut in followed:
             try:
-                item = await fut
+                item = await self.flights.join(fut)
+            except FlightAbandoned:
+                orphans.append(key)  # the leader's client went away: fetch it ourselves
+                continue
             except GatewayError as exc:
                 failure = failure or exc
                 continue
             for i in positions[key]:
                 results[i] = ItemResult(item.vector, COALESCED, 0.0, item.tokens)
+        if orphans:
+            texts = [decision.items[positions[k][0]].text for k in orphans]
+            try:
+                fetched = await self._call_backend(ctx, model, texts)
+            except GatewayError as exc:
+                failure = failure or exc
+            else:
+                for key, item in zip(orphans, fetched, strict=True):
+                    for i in positions[key]:
+                        results[i] = ItemResult(item.vector, MISS, 0.0, item.tokens)
 
         if failure is not None:
             self._stale_if_error(ctx, keys, entries, results, failure)
@@ -337,7 +351,7 @@ class Pipeline:
             for i in range(len(texts))
         ]
 
-    def _store(self, rule: Rule, fetched: Sequence[tuple[CacheKey, Fetched]]) -> None:
+    async def _store(self, rule: Rule, fetched: Sequence[tuple[CacheKey, Fetched]]) -> None:
         """Write answers the policy lets us keep; after the response, off the request's path."""
         now = time.time()
         items = [
@@ -350,7 +364,8 @@ class Pipeline:
             for key, item in fetched
         ]
         if items:
-            self.spawn(self.cache.set_many(items))
+            # L1 now (the next request hits), L2 as a tracked background write.
+            await self.cache.set_many(items, background=True)
 
     def _refresh_in_background(
         self, ctx: RequestContext, model: str, decision: Decision, stale: Mapping[CacheKey, str]
@@ -366,7 +381,7 @@ class Pipeline:
             keys = list(todo)
             try:
                 fetched = await self._call_backend(refresh_ctx, model, [todo[k] for k in keys])
-                self._store(decision.rule, list(zip(keys, fetched, strict=True)))
+                await self._store(decision.rule, list(zip(keys, fetched, strict=True)))
             except GatewayError as exc:
                 log.info("stale refresh failed", extra={"request_id": ctx.request_id,
                                                          "error": exc.type})

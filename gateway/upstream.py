@@ -30,7 +30,6 @@ from typing import TypeVar
 
 import aiohttp
 import numpy as np
-import orjson
 
 from gateway.admission import Admission, Slot
 from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, Overloaded
@@ -38,7 +37,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing.backends import BackendState
 from gateway.routing.balancer import Outcome, Router
 from gateway.routing.config import RoutingSettings
-from gateway.upstream_hedge import HedgePolicy
+from gateway.routing.hedge import HedgePolicy
+from gateway.upstream_wire import error_message, infer_request_body, parse_embeddings, retry_after
 
 T = TypeVar("T")
 
@@ -54,6 +54,7 @@ class InferResult:
     compute_ms: float
     upstream_s: float
     model_version: str
+    token_counts: list[int] | None = None  # per text, when the backend reports them
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,37 +100,6 @@ def create_session(settings: RoutingSettings) -> aiohttp.ClientSession:
     )
 
 
-def _retry_after(headers: Mapping[str, str]) -> float:
-    try:
-        return min(max(float(headers.get("Retry-After", "1")), 0.0), 3600.0)
-    except ValueError:
-        return 1.0  # an HTTP-date; not worth parsing for a hint
-
-
-def _server_timing(headers: Mapping[str, str]) -> dict[str, float]:
-    """``queue;dur=1.2, compute;dur=3.4`` -> {"queue": 1.2, "compute": 3.4} (milliseconds)."""
-    found: dict[str, float] = {}
-    for metric in headers.get("Server-Timing", "").split(","):
-        name, _, rest = metric.strip().partition(";")
-        for param in rest.split(";"):
-            key, _, value = param.strip().partition("=")
-            if key == "dur":
-                with contextlib.suppress(ValueError):
-                    found[name.strip()] = float(value)
-    return found
-
-
-def _error_message(body: bytes) -> str:
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body[:200].decode("utf-8", "replace")
-    error = doc.get("error") if isinstance(doc, dict) else None
-    if isinstance(error, dict):
-        error = error.get("message")
-    return str(error)[:200] if error is not None else ""
-
-
 class Upstream:
     """Routes, admits, sends and checks backend calls; the pipeline's one way to a backend."""
 
@@ -163,9 +133,7 @@ class Upstream:
     ) -> InferResult:
         """Embeddings for ``texts`` (float32 ``[n, dim]``) from the best backend."""
         n = len(texts)
-        body = orjson.dumps(
-            {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [n], "data": list(texts)}]}
-        )
+        body = infer_request_body(texts)
         if self._metrics is not None:
             self._metrics.upstream_batch.observe(n)
 
@@ -173,7 +141,7 @@ class Upstream:
             if reply.status != 200:
                 raise BadGateway(
                     f"backend {reply.state.name} answered {reply.status}: "
-                    f"{_error_message(reply.body)}"
+                    f"{error_message(reply.body)}"
                 )
             return self._decode_embeddings(model, n, reply)
 
@@ -301,6 +269,7 @@ class Upstream:
             self._attempt(state, slot, path, body, request_id, deadline, decode)
         )
         tasks: set[asyncio.Task[T]] = {primary}
+        slots = [slot]
         try:
             done, _ = await asyncio.wait(tasks, timeout=hedge_delay)
             if not done:
@@ -310,6 +279,7 @@ class Upstream:
                     hedge_slot = self._admission.try_acquire(self._router.tier_of(second))
                 if second is not None and hedge_slot is not None:
                     tried.append(second)
+                    slots.append(hedge_slot)
                     if self._metrics is not None:
                         self._metrics.hedges.inc()
                     tasks.add(asyncio.create_task(self._attempt(
@@ -331,6 +301,8 @@ class Upstream:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            for held in slots:  # a task cancelled before it ran never released its slot
+                held.release(observe=False)
 
     async def _attempt(
         self, state: BackendState, slot: Slot, path: str, body: bytes, request_id: str,
@@ -358,8 +330,16 @@ class Upstream:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 outcome = self._classify(exc, scope.expired())
                 raise self._convert(state, outcome, exc) from None
-            outcome, value = self._judge(reply, decode)
-            if outcome == "ok" and self._hedge is not None:
+            outcome, error = self._status_outcome(reply)
+            if error is not None:
+                raise error
+            try:
+                value = decode(reply)
+            except BadGateway:
+                if reply.status == 200:  # a malformed success counts against the backend
+                    outcome = "error"
+                raise
+            if self._hedge is not None and reply.status == 200:
                 self._hedge.observe(self._router.tier_of(state), reply.latency_s)
             return value
         finally:
@@ -395,63 +375,36 @@ class Upstream:
                 f"could not reach backend {name}: {type(exc).__name__}"))
         return BadGateway(f"backend {name} failed: {type(exc).__name__}")
 
-    def _judge(self, reply: _Reply, decode: Callable[[_Reply], T]) -> tuple[Outcome, T]:
-        """The outcome of a complete HTTP answer, and its decoded value when it is usable."""
+    @staticmethod
+    def _status_outcome(reply: _Reply) -> tuple[Outcome, Exception | None]:
+        """The outcome of a complete HTTP answer, and the error to raise unless it is usable.
+
+        2xx and 4xx count as "ok" for the router: the backend is alive and answering.
+        """
         status, name = reply.status, reply.state.name
         if status == 503:
-            retry_after = _retry_after(reply.headers)
-            raise _Retryable("overloaded", Overloaded(
+            return "overloaded", _Retryable("overloaded", Overloaded(
                 f"backend {name} is overloaded", reason="backend_overloaded",
-                retry_after_s=retry_after,
+                retry_after_s=retry_after(reply.headers),
             ))
-        if status == 504:
-            raise DeadlineExceeded(f"backend {name} dropped the request: deadline passed")
-        if status >= 500 or status < 200 or 300 <= status < 400:
-            self._router.on_finish(reply.state, latency_s=reply.latency_s, outcome="error")
-            self._router.on_start(reply.state)  # the finally block finishes it once more
-            raise BadGateway(f"backend {name} answered {status}: {_error_message(reply.body)}")
-        try:
-            return "ok", decode(reply)
-        except BadGateway:
-            if status == 200:  # a malformed success counts against the backend
-                self._router.on_finish(reply.state, latency_s=reply.latency_s, outcome="error")
-                self._router.on_start(reply.state)
-            raise
+        if status == 504:  # the backend's own queue deadline fired: overload, not breakage
+            return "overloaded", DeadlineExceeded(
+                f"backend {name} dropped the request: deadline passed in its queue")
+        if 200 <= status < 300 or 400 <= status < 500:
+            return "ok", None
+        return "error", BadGateway(
+            f"backend {name} answered {status}: {error_message(reply.body)}")
 
     def _decode_embeddings(self, model: str, n: int, reply: _Reply) -> InferResult:
-        name = reply.state.name
-        try:
-            doc = orjson.loads(reply.body)
-        except orjson.JSONDecodeError:
-            raise BadGateway(f"backend {name} answered with invalid JSON") from None
-        outputs = doc.get("outputs") if isinstance(doc, dict) else None
-        if not isinstance(outputs, list) or not outputs:
-            raise BadGateway(f"backend {name} answered without outputs")
-        named = [o for o in outputs if isinstance(o, dict) and o.get("name") == "embedding"]
-        out = named[0] if named else outputs[0]
-        shape = out.get("shape") if isinstance(out, dict) else None
-        if (out.get("datatype") != "FP32" or not isinstance(shape, list) or len(shape) != 2
-                or shape[0] != n or not isinstance(shape[1], int) or shape[1] < 1):
-            raise BadGateway(f"backend {name} answered an output that is not FP32 [{n}, dim]")
-        try:
-            embeddings = np.asarray(out.get("data"), dtype=np.float32).reshape(n, shape[1])
-        except (TypeError, ValueError):
-            raise BadGateway(f"backend {name} answered data that does not fit its shape") from None
-        if not np.isfinite(embeddings).all():
-            raise BadGateway(f"backend {name} answered non-finite numbers")
-        params = doc.get("parameters")
-        params = params if isinstance(params, dict) else {}
-        timing = _server_timing(reply.headers)
-        queue_ms = float(params.get("queue_time_ms", timing.get("queue", 0.0)))
-        compute_ms = float(params.get("compute_time_ms", timing.get("compute", 0.0)))
+        state = reply.state
+        answer = parse_embeddings(reply.body, reply.headers, n, state.name)
         if self._metrics is not None:
-            self._metrics.upstream_queue.labels(name).observe(queue_ms / 1000.0)
-            self._metrics.upstream_compute.labels(name).observe(compute_ms / 1000.0)
-        version = doc.get("model_version")
-        if not isinstance(version, str):
-            version = reply.state.model_versions.get(model) or self._router.model_version(model)
-        return InferResult(embeddings, name, reply.state.spec.zone, queue_ms, compute_ms,
-                           reply.latency_s, version or "")
+            self._metrics.upstream_queue.labels(state.name).observe(answer.queue_ms / 1000.0)
+            self._metrics.upstream_compute.labels(state.name).observe(answer.compute_ms / 1000.0)
+        version = (answer.model_version or state.model_versions.get(model)
+                   or self._router.model_version(model) or "")
+        return InferResult(answer.vectors, state.name, state.spec.zone, answer.queue_ms,
+                           answer.compute_ms, reply.latency_s, version, answer.token_counts)
 
     def _shed(self, reason: str) -> None:
         if self._metrics is not None:

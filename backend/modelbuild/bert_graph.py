@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -51,7 +52,7 @@ class _Graph:
         return name
 
     def op(self, op_type: str, inputs: list[str], *, prefix: str = "", out: str = "",
-           **attrs: object) -> str:
+           **attrs: Any) -> str:
         self._count += 1
         name = f"{prefix}{op_type}_{self._count}"
         output = out or f"{name}_out"
@@ -66,7 +67,8 @@ def build_bert_graph(config: BertConfig, tensors: Mapping[str, FloatArray]) -> o
         mask_bias = _embed_mask(g, config)
         hidden = _embeddings(g, config, tensors)
         for layer in range(config.num_layers):
-            hidden = _encoder_layer(g, config, tensors, f"encoder.layer.{layer}.", hidden, mask_bias)
+            prefix = f"encoder.layer.{layer}."
+            hidden = _encoder_layer(g, config, tensors, prefix, hidden, mask_bias)
         _pool_and_normalise(g, hidden)
     except KeyError as exc:
         raise ModelBuildError(f"the weights have no tensor {exc}") from exc

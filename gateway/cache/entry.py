@@ -22,7 +22,9 @@ FORMAT_VERSION = 1
 
 _PRE = struct.Struct("<4sBQ")
 _REST = struct.Struct("<5dII")
-HEADER_SIZE = _PRE.size + _REST.size
+_HEADER = struct.Struct("<4sBQ5dII")
+HEADER_SIZE = _HEADER.size
+_checksum = xxhash.xxh3_64_intdigest
 
 
 class CacheError(Exception):
@@ -91,34 +93,34 @@ class Entry:
             self.created_at, self.ttl_s, self.stale_while_revalidate_s, self.stale_if_error_s,
             self.compute_ms, len(self.meta), len(self.value),
         ) + self.meta + self.value
-        return _PRE.pack(MAGIC, FORMAT_VERSION, xxhash.xxh3_64_intdigest(rest)) + rest
+        return _PRE.pack(MAGIC, FORMAT_VERSION, _checksum(rest)) + rest
 
     @classmethod
     def decode(cls, data: bytes) -> Entry:
         """Parse ``encode``'s output; raises ``CacheCorrupt`` for anything else."""
-        if len(data) < HEADER_SIZE:
-            raise CacheCorrupt(f"entry too short: {len(data)} bytes")
-        magic, version, checksum = _PRE.unpack_from(data, 0)
+        try:
+            magic, version, checksum, created, ttl, swr, sie, compute_ms, meta_len, value_len = (
+                _HEADER.unpack_from(data)
+            )
+        except struct.error:
+            raise CacheCorrupt(f"entry too short: {len(data)} bytes") from None
         if magic != MAGIC:
             raise CacheCorrupt("entry has the wrong magic")
         if version != FORMAT_VERSION:
             raise CacheCorrupt(f"entry format version {version}, expected {FORMAT_VERSION}")
-        view = memoryview(data)
-        if xxhash.xxh3_64_intdigest(view[_PRE.size:]) != checksum:
-            raise CacheCorrupt("entry checksum mismatch")
-        created, ttl, swr, sie, compute_ms, meta_len, value_len = _REST.unpack_from(
-            data, _PRE.size
-        )
         if HEADER_SIZE + meta_len + value_len != len(data):
             raise CacheCorrupt("entry length does not match its header")
-        if not all(map(math.isfinite, (created, ttl, swr, sie, compute_ms))) or min(
-            ttl, swr, sie
-        ) < 0:
+        # Slicing copies, yet beats a memoryview at these sizes.
+        if _checksum(data[_PRE.size:]) != checksum:
+            raise CacheCorrupt("entry checksum mismatch")
+        # One isfinite on the sum: any inf or nan among the terms makes it non-finite.
+        if not math.isfinite(created + ttl + swr + sie + compute_ms) or (
+            ttl < 0 or swr < 0 or sie < 0
+        ):
             raise CacheCorrupt("entry has invalid timing fields")
         meta_end = HEADER_SIZE + meta_len
         return cls(
-            bytes(view[meta_end:]), created, ttl, swr, sie, compute_ms,
-            bytes(view[HEADER_SIZE:meta_end]),
+            data[meta_end:], created, ttl, swr, sie, compute_ms, data[HEADER_SIZE:meta_end]
         )
 
     def __eq__(self, other: object) -> bool:

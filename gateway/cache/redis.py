@@ -25,6 +25,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from gateway.cache.base import CacheUnavailable
 from gateway.cache.breaker import CircuitBreaker
@@ -68,12 +70,14 @@ class RedisCache:
         )
         if metrics is not None:
             metrics.redis_circuit_open.set(0)
-        # No client-side retries: the breaker is the retry policy, and a retry inside our
-        # timeout would only hide failures from it.
+        # One immediate retry, on connection errors only: after a Redis restart or failover
+        # every pooled connection is dead, and the pool does not notice until it uses one
+        # (verified with hiredis); without the retry each of them would count towards opening
+        # the breaker although Redis is back. Timeouts are never retried: the breaker decides.
         common: dict[str, Any] = {
             "socket_timeout": settings.timeout_s,
             "socket_connect_timeout": settings.connect_timeout_s,
-            "retry": Retry(NoBackoff(), 0),
+            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             "max_connections": settings.max_connections,
         }
         self._cluster = settings.is_cluster
@@ -117,7 +121,10 @@ class RedisCache:
         except Exception as exc:  # any failure of the tier is a miss, by contract
             self.breaker.failure()
             self._count_error()
-            log.debug("redis %s failed: %s", op, type(exc).__name__)
+            if isinstance(exc, RedisError | OSError | TimeoutError):
+                log.debug("redis %s failed: %s", op, type(exc).__name__)
+            else:  # not an outage: more likely a bug, so make it visible (type only, no data)
+                log.warning("redis %s raised unexpected %s", op, type(exc).__name__)
             return None, False
         self.breaker.success()
         return result, True
@@ -148,6 +155,9 @@ class RedisCache:
                 out.append(None)
                 continue
             try:
+                # A str here means the URL asked for decode_responses: unusable, not a crash.
+                if not isinstance(blob, bytes):
+                    raise CacheCorrupt("redis returned text, not bytes")
                 entry = Entry.decode(blob)
             except CacheCorrupt:
                 corrupt += 1

@@ -92,15 +92,15 @@ class TieredCache:
         for i, entry in zip(ask, found, strict=True):
             if entry is None:
                 continue
-            have = out[i][0]
-            if have is not None and have.created_at >= entry.created_at:
-                continue  # L1's stale copy is as new as L2's
-            out[i] = (entry, "l2")
-            self.l1.set(keys[i], entry)
             if entry.is_fresh(now):
                 hit += 1
             else:
                 stale += 1
+            have = out[i][0]
+            if have is None or entry.created_at > have.created_at:
+                out[i] = (entry, "l2")
+                self.l1.set(keys[i], entry)
+            # else: L1's stale copy is as new as L2's; keep it
         if counts is not None:
             counts.add("l2", "hit", hit)
             counts.add("l2", "stale", stale)

@@ -37,7 +37,13 @@ class _Probe(enum.Enum):
     FLAKY = "flaky"  # timeout or transport error: counts toward the threshold
 
 
-_UNKNOWN = object()  # metadata could not be read this time: keep what we knew
+class _Unknown(enum.Enum):
+    """Metadata could not be read this time: keep what we knew."""
+
+    TOKEN = 0
+
+
+_UNKNOWN = _Unknown.TOKEN
 
 
 class HealthChecker:
@@ -129,7 +135,7 @@ class HealthChecker:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return _Probe.FLAKY
 
-    async def _version(self, state: BackendState, model: str) -> str | None | object:
+    async def _version(self, state: BackendState, model: str) -> str | _Unknown | None:
         """The highest version the backend lists for ``model``; None if it does not serve it."""
         try:
             async with self._session.get(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gateway.cache.entry import Entry
@@ -22,7 +24,7 @@ def k(i: int, model: str = "m", scope: str = "t") -> CacheKey:
     return CacheKey(model, scope, i.to_bytes(16, "big"))
 
 
-def entry(clock: Clock, value: bytes = b"v", ttl: float = 60, **kw: float) -> Entry:
+def entry(clock: Clock, value: bytes = b"v", ttl: float = 60, **kw: Any) -> Entry:
     return Entry(value, clock.now, ttl, **kw)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.cache.settings import MiB, L1Settings, RedisSettings
+from gateway.cache.settings import L1Settings, MiB, RedisSettings
 
 
 def test_defaults() -> None:
@@ -51,7 +51,7 @@ def test_bad_l1_values_name_the_field(field: str, value: Any) -> None:
 
 def test_keyword_only_and_frozen() -> None:
     with pytest.raises(TypeError):
-        RedisSettings("redis://h:1")  # type: ignore[misc]
+        RedisSettings("redis://h:1")  # type: ignore[call-arg]
     s = RedisSettings(url="redis://h:1")
     with pytest.raises(AttributeError):
         s.timeout_s = 1  # type: ignore[misc]

@@ -1,0 +1,124 @@
+"""``python -m backend``: ``serve`` the model repository, or ``build-model`` into it.
+
+Exit codes: 0 after a clean shutdown, 2 for a setting, repository or device the server cannot
+start with (the message on stderr says why), 1 for anything unexpected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from backend.settings import ServeSettings, SettingsError
+
+log = logging.getLogger("backend")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parses ``argv`` and runs the chosen command; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m backend", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(commands)
+    _add_build_model(commands)
+    args = parser.parse_args(argv)
+    code = args.func(args)
+    return int(code or 0)
+
+
+def _add_serve(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve", help="serve the model repository over OIP v2 REST",
+        description="Serve every model in the repository (Open Inference Protocol v2 REST, "
+        "OpenAI-compatible /v1/embeddings, /metrics). Flags override BACKEND_* variables.",
+    )
+    serve.add_argument("--models", dest="models_dir", help="model repository (default: models)")
+    serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default: 8001)")
+    serve.add_argument("--device", choices=["auto", "cpu", "cuda"],
+                       help="auto: GPU when one works, else CPU (default); cuda: GPU or exit 2")
+    serve.add_argument("--threads", type=int, help="ONNX Runtime threads (default: all cores)")
+    serve.add_argument("--variant", choices=["fp32", "int8", "fp16"],
+                       help="graph variant (default: fp16 on GPU, fp32 on CPU)")
+    serve.add_argument("--region", help="region this replica runs in")
+    serve.add_argument("--zone", help="zone this replica runs in")
+    serve.add_argument("--max-batch-size", type=int, help="override the models' max batch size")
+    serve.add_argument("--max-queue-delay-ms", type=float,
+                       help="override the models' max queue delay")
+    serve.add_argument("--max-queue-size", type=int, help="override the models' queue bound")
+    serve.add_argument("--max-items-per-request", type=int,
+                       help="texts one request may carry (default: 256)")
+    serve.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
+    serve.set_defaults(func=_serve)
+
+
+def _add_build_model(commands: Any) -> None:
+    try:
+        from backend.modelbuild.cli import register  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as exc:
+        # The model builder is optional at serve time; say why it is missing when asked for.
+        reason = str(exc)
+        build = commands.add_parser("build-model", help="build a model (unavailable)")
+        build.add_argument("rest", nargs=argparse.REMAINDER)
+
+        def unavailable(_: argparse.Namespace) -> int:
+            print(f"error: build-model is unavailable: {reason}", file=sys.stderr)
+            return 2
+
+        build.set_defaults(func=unavailable)
+        return
+    register(commands)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from backend.app import create_app
+    from backend.logs import configure_logging
+    from backend.repository import RepositoryError
+    from backend.runtime import DeviceUnavailable
+
+    names = ("models_dir", "host", "port", "device", "threads", "variant", "region", "zone",
+             "max_batch_size", "max_queue_delay_ms", "max_queue_size", "max_items_per_request",
+             "log_level")
+    overrides = {name: getattr(args, name) for name in names}
+    if overrides["models_dir"] is not None:
+        overrides["models_dir"] = Path(overrides["models_dir"])
+    try:
+        settings = ServeSettings.from_env(**overrides)
+    except (SettingsError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    try:
+        web.run_app(
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            loop=_new_event_loop(),
+            print=None,
+            access_log=None,  # our middleware logs each request as a JSON line
+        )
+    except (DeviceUnavailable, RepositoryError) as exc:
+        log.error("cannot start", extra={"fields": {"error": str(exc)}})
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when it is installed (faster sockets and timers), else asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+if __name__ == "__main__":
+    sys.exit(main())

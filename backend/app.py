@@ -1,0 +1,95 @@
+"""``create_app``: the one place that builds the backend and wires every dependency.
+
+Routes (Open Inference Protocol v2 REST, plus OpenAI-compatible embeddings and metrics)::
+
+    GET  /v2                                            server metadata
+    GET  /v2/health/live | /v2/health/ready             liveness | readiness (503 until warm)
+    GET  /v2/models/{model}[/versions/{version}]        model metadata
+    GET  /v2/models/{model}[/versions/{version}]/ready  model readiness
+    POST /v2/models/{model}[/versions/{version}]/infer  inference
+    POST /v1/embeddings                                 OpenAI-compatible embeddings
+    GET  /metrics                                       Prometheus text format
+
+Models are loaded during startup (so a bad repository or ``--device cuda`` without a GPU stops
+the server before it listens) unless the caller passes them in; warm-up then runs in the
+background while the server is live but not ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from backend import handlers
+from backend.dataplane import DataPlane
+from backend.handlers import DATAPLANE, METRICS
+from backend.metrics import BackendMetrics
+from backend.middleware import errors, request_context
+from backend.model import EmbeddingModel, load_models
+from backend.settings import ServeSettings
+
+SETTINGS = web.AppKey("settings", ServeSettings)
+
+log = logging.getLogger("backend.app")
+
+
+def create_app(
+    settings: ServeSettings,
+    *,
+    models: Sequence[EmbeddingModel] | None = None,
+    registry: CollectorRegistry | None = None,
+) -> web.Application:
+    """The backend application.
+
+    ``models``: already-loaded models to serve (tests share one ONNX Runtime session between
+    apps this way); by default they are loaded from ``settings.models_dir`` at startup.
+    ``registry``: where metrics are registered (default: a fresh one for this app).
+    """
+    metrics = BackendMetrics(registry)
+    app = web.Application(
+        client_max_size=settings.client_max_size,
+        middlewares=[request_context(metrics=metrics, log_requests=settings.access_log), errors],
+    )
+    app[SETTINGS] = settings
+    app[METRICS] = metrics
+    app.cleanup_ctx.append(_data_plane(settings, metrics, models))
+    _add_routes(app)
+    return app
+
+
+def _data_plane(
+    settings: ServeSettings, metrics: BackendMetrics, models: Sequence[EmbeddingModel] | None
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        loaded = models
+        if loaded is None:
+            loaded = await asyncio.get_running_loop().run_in_executor(None, load_models, settings)
+        plane = DataPlane(loaded, settings, metrics)
+        app[DATAPLANE] = plane
+        await plane.start()
+        log.info("serving", extra={"fields": {
+            "host": settings.host, "port": settings.port, "region": settings.region,
+            "zone": settings.zone, "models": sorted(plane.models)}})
+        try:
+            yield
+        finally:
+            await plane.close()
+
+    return context
+
+
+def _add_routes(app: web.Application) -> None:
+    app.router.add_get("/v2", handlers.server_metadata)
+    app.router.add_get("/v2/", handlers.server_metadata)
+    app.router.add_get("/v2/health/live", handlers.live)
+    app.router.add_get("/v2/health/ready", handlers.ready)
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        app.router.add_get(prefix, handlers.model_metadata)
+        app.router.add_get(prefix + "/ready", handlers.model_ready)
+        app.router.add_post(prefix + "/infer", handlers.infer)
+    app.router.add_post("/v1/embeddings", handlers.embeddings)
+    app.router.add_get("/metrics", handlers.metrics)

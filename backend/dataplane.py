@@ -1,0 +1,179 @@
+"""The data plane: model lookup, readiness, warm-up and batched inference, apart from HTTP.
+
+Both protocol adapters (OIP and OpenAI) call ``DataPlane.embed``; it tokenizes, hands the token
+sequences to the model's dynamic batcher and converts the batcher's and ONNX Runtime's errors
+into the backend's own (``QueueFull`` -> 503, ``DeadlineExpired`` -> 504, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+import backend
+from backend.batching import BatcherClosed, DeadlineExpired, DynamicBatcher, QueueFull
+from backend.errors import BackendError, DeadlineExceeded, ModelNotFound, Unavailable
+from backend.metrics import BackendMetrics
+from backend.model import Embedding, EmbeddingModel
+from backend.runtime import InferenceFailed
+from backend.settings import ServeSettings
+from backend.tokenizer import IdArray
+
+SERVER_NAME = "edge-backend"
+# Below this many characters a request is tokenized on the event loop: the Rust tokenizer takes
+# microseconds there, less than a hop to a thread and back.
+INLINE_TOKENIZE_CHARS = 4096
+
+log = logging.getLogger("backend.dataplane")
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    """Embeddings for one request, in its order, with where the time went."""
+
+    embeddings: npt.NDArray[np.float32]  # [n, dim]
+    token_counts: list[int]
+    queue_s: float
+    compute_s: float
+    batch_size: int
+
+
+class ServedModel:
+    """A model as served: the loaded model, its batcher, its readiness and request limit."""
+
+    def __init__(self, model: EmbeddingModel, settings: ServeSettings, metrics: BackendMetrics):
+        config = model.config
+        self.model = model
+        self.config = config
+        self.ready = False
+        queue_size = settings.max_queue_size or config.max_queue_size
+        self.max_batch_size = settings.max_batch_size or config.max_batch_size
+        self.max_items = min(settings.max_items_per_request, queue_size)
+        delay_ms = settings.max_queue_delay_ms
+        self.batcher: DynamicBatcher[IdArray, Embedding] = DynamicBatcher(
+            model.compute,
+            max_batch_size=self.max_batch_size,
+            max_queue_delay_s=(config.max_queue_delay_ms if delay_ms is None else delay_ms) / 1e3,
+            max_queue_size=queue_size,
+            size_of=len,
+            workers=settings.workers,
+            observer=metrics.observer(config.name),
+            name=config.name,
+        )
+
+
+class DataPlane:
+    """Everything the HTTP handlers need, for every served model."""
+
+    def __init__(
+        self, models: Sequence[EmbeddingModel], settings: ServeSettings, metrics: BackendMetrics
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.models = {m.name: ServedModel(m, settings, metrics) for m in models}
+        self._warmup: asyncio.Task[None] | None = None
+        for served in self.models.values():
+            runtime = served.model.runtime
+            metrics.model_info.labels(
+                served.config.name, served.config.version, runtime.variant, runtime.provider
+            ).set(1)
+            metrics.ready.labels(served.config.name).set(0)
+
+    async def start(self) -> None:
+        """Starts the batchers and, in the background, the warm-up that makes us ready."""
+        for served in self.models.values():
+            served.batcher.start()
+        self._warmup = asyncio.get_running_loop().create_task(self._warm_up())
+
+    async def close(self) -> None:
+        """Stops warming up, fails what is queued (503) and waits for running batches."""
+        if self._warmup is not None:
+            self._warmup.cancel()
+            await asyncio.gather(self._warmup, return_exceptions=True)
+        for served in self.models.values():
+            served.ready = False
+            await served.batcher.close()
+
+    @property
+    def ready(self) -> bool:
+        """True once every model is warmed up."""
+        return all(served.ready for served in self.models.values())
+
+    def server_metadata(self) -> dict[str, Any]:
+        """The OIP server metadata object (plus this replica's region and zone, when set)."""
+        meta: dict[str, Any] = {"name": SERVER_NAME, "version": backend.__version__,
+                                "extensions": []}
+        if self.settings.region:
+            meta["region"] = self.settings.region
+        if self.settings.zone:
+            meta["zone"] = self.settings.zone
+        return meta
+
+    def get(self, name: str, version: str | None = None) -> ServedModel:
+        """The served model; ``ModelNotFound`` for an unknown name or version."""
+        served = self.models.get(name)
+        if served is None:
+            raise ModelNotFound(f"unknown model {name!r} (served: {', '.join(self.models)})")
+        if version is not None and version != served.config.version:
+            raise ModelNotFound(
+                f"model {name!r} has no version {version!r} (available: {served.config.version})"
+            )
+        return served
+
+    async def embed(self, served: ServedModel, texts: Sequence[str], *, deadline: float
+                    ) -> EmbedResult:
+        """Embeds ``texts`` through the model's batcher; ``deadline`` is ``time.monotonic()``."""
+        name = served.config.name
+        if not served.ready:
+            raise Unavailable(f"model {name!r} is not ready (warming up)", retry_after_s=1.0)
+        if sum(len(t) for t in texts) <= INLINE_TOKENIZE_CHARS:
+            seqs = served.model.tokenize(texts)
+        else:
+            seqs = await asyncio.get_running_loop().run_in_executor(
+                None, served.model.tokenize, texts
+            )
+        try:
+            outcome = await served.batcher.submit(seqs, timeout_s=deadline - time.monotonic())
+        except QueueFull as exc:
+            raise Unavailable(f"model {name!r}: {exc}", retry_after_s=exc.retry_after_s) from None
+        except DeadlineExpired as exc:
+            raise DeadlineExceeded(f"model {name!r}: {exc}") from None
+        except BatcherClosed:
+            raise Unavailable("the server is shutting down") from None
+        except InferenceFailed as exc:
+            log.error("inference failed", extra={"fields": {"model": name, "error": str(exc)}})
+            raise BackendError("inference failed") from None
+        self.metrics.queue_seconds.labels(name).observe(outcome.queue_s)
+        return EmbedResult(
+            embeddings=np.stack(outcome.results),
+            token_counts=[len(seq) for seq in seqs],
+            queue_s=outcome.queue_s,
+            compute_s=outcome.compute_s,
+            batch_size=outcome.batch_size,
+        )
+
+    async def _warm_up(self) -> None:
+        loop = asyncio.get_running_loop()
+        for served in self.models.values():
+            sizes = self.settings.warmup_batch_sizes or (1, served.max_batch_size)
+            fields: dict[str, Any] = {"model": served.config.name,
+                                      "lengths": list(self.settings.warmup_lengths),
+                                      "batch_sizes": list(sizes)}
+            try:
+                seconds = await loop.run_in_executor(
+                    None, served.model.warm_up, self.settings.warmup_lengths, sizes
+                )
+            except Exception as exc:
+                log.error("warm-up failed; model stays not ready",
+                          extra={"fields": {**fields, "error": f"{type(exc).__name__}: {exc}"}})
+                continue
+            served.ready = True
+            self.metrics.ready.labels(served.config.name).set(1)
+            log.info("model ready", extra={"fields": {**fields, "warmup_s": round(seconds, 3)}})

@@ -1,0 +1,82 @@
+"""A served embedding model: its config, tokenizer and ONNX Runtime session, loaded together.
+
+``compute`` is what the batcher calls in its worker thread: already-tokenized texts in,
+one embedding row per text out. Loading is blocking (graph optimisation, session creation), so
+``load_models`` is meant to run in an executor or before the event loop starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from backend.repository import ModelConfig, load_repository
+from backend.runtime import ModelRuntime, create_runtime
+from backend.settings import ServeSettings
+from backend.tokenizer import IdArray, TextTokenizer
+
+Embedding = npt.NDArray[np.float32]
+
+log = logging.getLogger("backend.model")
+
+
+class EmbeddingModel:
+    """Texts to L2-normalised sentence embeddings with one model variant."""
+
+    def __init__(
+        self, config: ModelConfig, tokenizer: TextTokenizer, runtime: ModelRuntime
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.runtime = runtime
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def tokenize(self, texts: Sequence[str]) -> list[IdArray]:
+        """Token ids per text (special tokens included, truncated to the model's max length)."""
+        return self.tokenizer.tokenize(texts)
+
+    def compute(self, seqs: list[IdArray]) -> list[Embedding]:
+        """One embedding row per token sequence; pads to the longest in ``seqs`` only."""
+        input_ids, attention_mask = self.tokenizer.pad(seqs)
+        return list(self.runtime.run(input_ids, attention_mask))
+
+    def warm_up(self, lengths: Sequence[int], batch_sizes: Sequence[int]) -> float:
+        """Runs every (length, batch size) pair once so that ONNX Runtime has allocated its
+        arenas and picked its kernels before real traffic; returns the seconds it took."""
+        started = time.perf_counter()
+        cls_sep = self.tokenizer.tokenize([""])[0]
+        filler = self.tokenizer.tokenize(["hello"])[0][1:-1]
+        for length in sorted({min(n, self.config.max_seq_length) for n in lengths}):
+            body = np.resize(filler, length - len(cls_sep)).astype(np.int64)
+            ids = np.concatenate([cls_sep[:1], body, cls_sep[1:]])
+            for batch in sorted(set(batch_sizes)):
+                rows = self.compute([ids] * batch)
+                if len(rows) != batch or rows[0].shape != (self.config.dim,):
+                    raise RuntimeError(
+                        f"model {self.name!r}: warm-up gave {len(rows)} rows of "
+                        f"{rows[0].shape}, expected {batch} of ({self.config.dim},)"
+                    )
+        return time.perf_counter() - started
+
+
+def load_models(settings: ServeSettings) -> list[EmbeddingModel]:
+    """Every model in ``settings.models_dir`` on the configured device (blocking)."""
+    models = []
+    for config in load_repository(settings.models_dir):
+        tokenizer = TextTokenizer.from_file(config.tokenizer_path, max_length=config.max_seq_length)
+        runtime = create_runtime(
+            config,
+            device=settings.device,
+            threads=settings.intra_op_threads,
+            variant=settings.variant,
+            max_batch_size=settings.max_batch_size,
+        )
+        models.append(EmbeddingModel(config, tokenizer, runtime))
+    return models

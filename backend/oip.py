@@ -1,0 +1,199 @@
+"""Open Inference Protocol v2 (REST) bodies: inference requests parsed, responses encoded.
+
+Follows kserve/open-inference-protocol ``specification/protocol/inference_rest.md``: tensor data
+in row-major order, either flat or in its natural nested form; ``id`` echoed; ``outputs``
+selects what comes back; errors are ``{"error": "<message>"}`` (rendered by the middleware).
+Triton's binary tensor extension is accepted for inputs (``Inference-Header-Content-Length``),
+so tritonclient works with its defaults; outputs always come back as JSON, which its
+``InferResult`` reads too.
+
+Pure functions: no aiohttp, no I/O. Every rule broken raises ``BadRequest``.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from backend.envelope import decode_json
+from backend.errors import BadRequest
+from backend.repository import ModelConfig, TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """A validated inference request: the texts, in order, and what to send back."""
+
+    id: str | None
+    texts: list[str]
+    outputs: tuple[str, ...] | None  # None: every output
+
+
+def parse_infer_request(
+    body: bytes,
+    *,
+    input_spec: TensorSpec,
+    output_names: Sequence[str],
+    max_items: int,
+    json_length: int | None = None,
+) -> InferRequest:
+    """Parses and validates an inference request for a one-BYTES-input text model.
+
+    ``json_length`` is the ``Inference-Header-Content-Length`` header: the JSON part's size
+    when binary tensor data follows it.
+    """
+    binary = b""
+    if json_length is not None:
+        if not 0 <= json_length <= len(body):
+            raise BadRequest("Inference-Header-Content-Length is larger than the body")
+        body, binary = body[:json_length], body[json_length:]
+    raw = decode_json(body)
+    if not isinstance(raw, dict):
+        raise BadRequest("the request body must be a JSON object")
+    request_id = raw.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise BadRequest("'id' must be a string")
+    if not isinstance(raw.get("parameters", {}), dict):
+        raise BadRequest("'parameters' must be an object")
+    inputs = raw.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise BadRequest("'inputs' must be a non-empty list of input tensors")
+    if len(inputs) != 1:
+        raise BadRequest(f"the model takes one input ({input_spec.name!r}), got {len(inputs)}")
+    texts = _parse_input(inputs[0], input_spec, binary)
+    if not texts:
+        raise BadRequest(f"input {input_spec.name!r} holds no texts")
+    if len(texts) > max_items:
+        raise BadRequest(f"too many items: {len(texts)} texts; at most {max_items} per request")
+    return InferRequest(request_id, texts, _parse_outputs(raw.get("outputs"), output_names))
+
+
+def _parse_input(tensor: Any, spec: TensorSpec, binary: bytes) -> list[str]:
+    if not isinstance(tensor, dict):
+        raise BadRequest("every input tensor must be an object")
+    name = tensor.get("name")
+    if name != spec.name:
+        raise BadRequest(f"unknown input {name!r}: the model's input is {spec.name!r}")
+    datatype = tensor.get("datatype")
+    if datatype != spec.datatype:
+        raise BadRequest(f"input {spec.name!r} has datatype {datatype!r}; expected {spec.datatype}")
+    shape = tensor.get("shape")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise BadRequest(f"input {spec.name!r}: 'shape' must be a list of non-negative integers")
+    if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
+        raise BadRequest(f"input {spec.name!r}: shape {shape} is not supported; use [n] or [n, 1]")
+    count = math.prod(shape)
+    parameters = tensor.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise BadRequest(f"input {spec.name!r}: 'parameters' must be an object")
+    if "binary_data_size" in parameters:
+        return _binary_strings(spec.name, binary, parameters["binary_data_size"], count)
+    if "data" not in tensor:
+        raise BadRequest(f"input {spec.name!r} has no 'data'")
+    flat = _flatten(tensor["data"], shape, spec.name)
+    if len(flat) != count:
+        raise BadRequest(
+            f"input {spec.name!r}: shape {shape} needs {count} elements, data holds {len(flat)}"
+        )
+    for index, value in enumerate(flat):
+        if not isinstance(value, str):
+            raise BadRequest(
+                f"input {spec.name!r}: element {index} is {type(value).__name__}; "
+                "BYTES data must be strings"
+            )
+    return flat
+
+
+def _flatten(data: Any, shape: list[int], name: str) -> list[Any]:
+    """Row-major elements of ``data``, given flat or nested exactly as ``shape`` says."""
+    if not isinstance(data, list):
+        raise BadRequest(f"input {name!r}: 'data' must be a list")
+    if len(shape) == 2 and data and all(isinstance(row, list) for row in data):
+        if not all(len(row) == shape[1] for row in data):
+            raise BadRequest(f"input {name!r}: nested data does not match shape {shape}")
+        return [value for row in data for value in row]
+    return data
+
+
+def _binary_strings(name: str, binary: bytes, size: Any, count: int) -> list[str]:
+    """Triton's binary BYTES layout: per element a 4-byte little-endian length, then bytes."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= len(binary):
+        raise BadRequest(f"input {name!r}: binary_data_size does not match the binary data")
+    texts: list[str] = []
+    offset = 0
+    while offset < size:
+        if offset + 4 > size:
+            raise BadRequest(f"input {name!r}: truncated binary BYTES element")
+        (length,) = struct.unpack_from("<I", binary, offset)
+        offset += 4
+        if offset + length > size:
+            raise BadRequest(f"input {name!r}: truncated binary BYTES element")
+        try:
+            texts.append(binary[offset : offset + length].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise BadRequest(f"input {name!r}: element {len(texts)} is not valid UTF-8") from None
+        offset += length
+    if len(texts) != count:
+        raise BadRequest(f"input {name!r}: shape needs {count} elements, binary data holds "
+                         f"{len(texts)}")
+    return texts
+
+
+def _parse_outputs(raw: Any, output_names: Sequence[str]) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise BadRequest("'outputs' must be a list of {\"name\": ...} objects")
+    names: list[str] = []
+    for entry in raw:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or name not in output_names:
+            raise BadRequest(f"unknown output {name!r}: the model's outputs are "
+                             f"{', '.join(output_names)}")
+        names.append(name)
+    return tuple(names)
+
+
+def encode_infer_response(
+    *,
+    config: ModelConfig,
+    request: InferRequest,
+    embeddings: npt.NDArray[np.float32],
+    parameters: Mapping[str, float | int | str | bool],
+) -> bytes:
+    """The inference response: the requested outputs with flat row-major data."""
+    spec = config.output
+    outputs = []
+    if request.outputs is None or spec.name in request.outputs:
+        outputs.append({
+            "name": spec.name,
+            "datatype": spec.datatype,
+            "shape": list(embeddings.shape),
+            "data": np.ascontiguousarray(embeddings, dtype=np.float32).reshape(-1),
+        })
+    response: dict[str, Any] = {"model_name": config.name, "model_version": config.version}
+    if request.id is not None:
+        response["id"] = request.id
+    response["parameters"] = dict(parameters)
+    response["outputs"] = outputs
+    return orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def model_metadata(config: ModelConfig) -> dict[str, Any]:
+    """The model metadata response object."""
+    return {
+        "name": config.name,
+        "versions": [config.version],
+        "platform": config.platform,
+        "inputs": [t.to_json() for t in config.inputs],
+        "outputs": [t.to_json() for t in config.outputs],
+    }

@@ -1,0 +1,36 @@
+"""Run benchmarks by name: ``python -m bench all|backend|gateway|cache|policy|overload``.
+
+Each benchmark is a module ``bench.<name>`` with a ``main(argv) -> int``. Results are printed as
+Markdown tables; copy them into ``bench/RESULTS.md`` with the command that made them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+ORDER = ("policy", "cache", "backend", "gateway", "overload")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    name = args.pop(0) if args else "all"
+    names = ORDER if name == "all" else (name,)
+    code = 0
+    for bench in names:
+        try:
+            module = importlib.import_module(f"bench.{bench}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"bench.{bench}":
+                raise
+            print(f"bench: no benchmark named {bench!r} (have: {', '.join(ORDER)})",
+                  file=sys.stderr)
+            return 2
+        print(f"\n## bench {bench}\n", flush=True)
+        code |= int(module.main(args))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Policy x request -> Decision: the rule that applies, and each text as it may be sent and cached.
+
+Pure: values in, values out. For every text: normalize it, run the rule's PII detectors on the
+normalized text, then apply their actions. ``reject`` raises a 422 naming the detector (never the
+text); ``redact`` masks the span, so the backend and the cache key see ``[EMAIL]``; ``no_store``
+marks only that item as not to be cached (its neighbours in a list still are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import PolicyRejected, ValidationFailed
+from gateway.policy.model import DETECTOR_NAMES, SHARED_SCOPE, Policy, Rule
+from gateway.policy.normalize import canonical, limit
+from gateway.policy.pii import Finding, redact, scan
+
+# Detection looks a little past a truncation point, so a value cut in half still counts.
+_SCAN_MARGIN = 256
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemDecision:
+    """One text: ``text`` is what goes to the backend and into the key (normalized, redacted)."""
+
+    text: str
+    store: bool
+    """False: answer it, but never write it to a cache (and do not look it up)."""
+    detectors: tuple[str, ...] = ()
+    """Detectors that fired on this text, in ``DETECTORS`` order (names only)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """What the policy decided for one request."""
+
+    rule: Rule
+    policy_version: str
+    items: tuple[ItemDecision, ...]
+    cache: bool
+    """The rule allows caching at all (individual items may still be ``store=False``)."""
+    scope: str
+    """The cache scope: the tenant id, or ``"shared"``."""
+
+    @property
+    def trail(self) -> str:
+        """``rule@version``, the value of the ``X-Cache-Policy`` response header."""
+        return f"{self.rule.name}@{self.policy_version}"
+
+    @property
+    def not_stored(self) -> tuple[int, ...]:
+        """Indexes of the items that must not be cached."""
+        return tuple(i for i, item in enumerate(self.items) if not item.store)
+
+    def explain(self) -> dict[str, Any]:
+        """The decision as JSON-able data, for ``policy explain``; never contains request text."""
+        rule = self.rule
+        fired = {name for item in self.items for name in item.detectors}
+        detectors = [name for name in DETECTOR_NAMES if name in fired]
+        return {
+            "rule": rule.name,
+            "rule_origin": rule.origin,
+            "policy_version": self.policy_version,
+            "trail": self.trail,
+            "cacheable": self.cache and any(item.store for item in self.items),
+            "cache": self.cache,
+            "scope": rule.scope,
+            "scope_key": self.scope,
+            "ttl_s": rule.ttl_s,
+            "stale_while_revalidate_s": rule.stale_while_revalidate_s,
+            "stale_if_error_s": rule.stale_if_error_s,
+            "normalization": rule.normalization.fingerprint,
+            "detectors": detectors,
+            "actions": {name: rule.privacy.detectors[name] for name in detectors},
+            "items": len(self.items),
+            "not_stored": list(self.not_stored),
+        }
+
+
+def _item(text: str, rule: Rule, field: str) -> ItemDecision:
+    norm = rule.normalization
+    privacy = rule.privacy
+    full = canonical(text, norm)
+    text = limit(full, norm, field=field)
+    if not privacy.names:
+        return ItemDecision(text=text, store=rule.cache)
+    cut = len(text) < len(full)
+    findings = scan(full[: len(text) + _SCAN_MARGIN] if cut else text, privacy.names)
+    if cut:  # values wholly past the cut are not sent anywhere
+        findings = [f for f in findings if f.start < len(text)]
+    if not findings:
+        return ItemDecision(text=text, store=rule.cache)
+    actions = privacy.detectors
+    fired = {f.detector for f in findings}
+    names = tuple(name for name in DETECTOR_NAMES if name in fired)
+    for name in names:
+        if actions[name] == "reject":
+            raise PolicyRejected(field, name, rule.name)
+    masked = [f for f in findings if actions[f.detector] == "redact"]
+    if masked:
+        if cut:
+            masked = [Finding(f.detector, f.start, min(f.end, len(text))) for f in masked]
+        text = redact(text, masked)
+    store = rule.cache and not any(actions[name] == "no_store" for name in names)
+    return ItemDecision(text=text, store=store, detectors=names)
+
+
+def decide(
+    rule: Rule, policy_version: str, *, tenant: str, texts: Sequence[str], field: str = "input"
+) -> Decision:
+    """Apply one already-matched rule to the texts of a request (``evaluate`` without matching)."""
+    limit_items = rule.normalization.max_items
+    if len(texts) > limit_items:
+        raise ValidationFailed(field, f"at most {limit_items} items allowed, got {len(texts)}")
+    many = len(texts) > 1
+    items = tuple(
+        _item(text, rule, f"{field}[{i}]" if many else field) for i, text in enumerate(texts)
+    )
+    return Decision(rule=rule, policy_version=policy_version, items=items, cache=rule.cache,
+                    scope=SHARED_SCOPE if rule.scope == "shared" else tenant)
+
+
+def evaluate(
+    policy: Policy,
+    *,
+    route: str,
+    model: str,
+    tenant: str,
+    headers: Mapping[str, str],
+    texts: Sequence[str],
+    field: str = "input",
+) -> Decision:
+    """Match the request to a rule, then normalize and privacy-check every text under it.
+
+    Raises ``ValidationFailed`` (too many items, or too long with ``on_overflow: reject``) and
+    ``PolicyRejected`` (a detector with action ``reject`` fired).
+    """
+    rule = policy.match(route=route, model=model, tenant=tenant, headers=headers)
+    return decide(rule, policy.version, tenant=tenant, texts=texts, field=field)
+
+
+def evaluate_groups(
+    policy: Policy,
+    *,
+    route: str,
+    model: str,
+    tenant: str,
+    headers: Mapping[str, str],
+    groups: Sequence[tuple[str, Sequence[str]]],
+) -> Decision:
+    """One decision over several fields of one request (``query`` and ``documents``...).
+
+    Items are concatenated in group order; ``max_items`` applies to each field on its own.
+    """
+    rule = policy.match(route=route, model=model, tenant=tenant, headers=headers)
+    parts = [decide(rule, policy.version, tenant=tenant, texts=texts, field=field)
+             for field, texts in groups]
+    items = tuple(item for part in parts for item in part.items)
+    return Decision(rule=rule, policy_version=policy.version, items=items, cache=rule.cache,
+                    scope=SHARED_SCOPE if rule.scope == "shared" else tenant)

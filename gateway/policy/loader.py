@@ -1,0 +1,257 @@
+"""Policy files -> ``Policy``: YAML, validated against the JSON Schema, errors with file and line.
+
+A policy file has an optional ``version`` label, optional ``defaults`` (settings every rule of
+that file starts from) and ``rules``. Settings a file does not give come from ``BASE`` (the same
+values as ``policies/default.yaml``: cache on, tenant scope, 1 h, every detector ``no_store``),
+so a file that forgets privacy still protects it. A rule's ``normalization`` and
+``privacy.detectors`` add to the defaults key by key; ``off`` switches a detector off.
+
+Several files (or a folder's ``*.yaml``, by name) concatenate their rules in order. Any error in
+any file refuses the whole set: ``PolicyError`` lists every problem as ``file:line: field: message``.
+The effective version is the label plus a hash of the rules' meaning (comments do not change it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator
+
+from gateway.policy.model import DETECTOR_NAMES, Match, Normalization, Policy, Privacy, Rule
+from gateway.policy.schema import SCHEMA
+from gateway.policy.yamlpos import Located, describe_error, locate
+
+BASE: dict[str, Any] = {
+    "cache": True, "scope": "tenant", "ttl_s": 3600.0, "stale_while_revalidate_s": 0.0,
+    "stale_if_error_s": 600.0, "normalization": {},
+    "detectors": dict.fromkeys(DETECTOR_NAMES, "no_store"),
+}
+DEFAULT_LABEL = "default-1"
+_VALIDATOR = Draft202012Validator(SCHEMA)
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyIssue:
+    """One problem in a policy file, located as precisely as the YAML allows."""
+
+    file: str
+    line: int | None
+    field: str
+    message: str
+    severity: str = "error"
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        prefix = "warning: " if self.severity == "warning" else ""
+        return f"{where}: {self.field}: {prefix}{self.message}"
+
+
+class PolicyError(Exception):
+    """A policy set that cannot be loaded; ``errors`` says where and why."""
+
+    def __init__(self, errors: list[PolicyIssue]) -> None:
+        self.errors = errors
+        lines = "\n".join(f"  {e}" for e in errors)
+        super().__init__(f"invalid policy ({len(errors)} error{'s' * (len(errors) != 1)}):\n"
+                         f"{lines}")
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that keeps dates as strings (``version: 2026-12-01`` is a label, not a date)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [r for r in resolvers if r[0] != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def parse_duration(value: float | str) -> float:
+    """Seconds from ``90``, ``"30s"``, ``"5m"``, ``"1h30m"``, ``"1d"``, ``"250ms"``."""
+    if isinstance(value, int | float):
+        return float(value)
+    return sum(float(n) * _UNITS[unit] for n, unit in _DURATION_PART.findall(value))
+
+
+def policy_files(paths: Iterable[Path]) -> list[Path]:
+    """The files a list of paths names: folders contribute their ``*.yaml``/``*.yml`` by name."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(sorted(
+                (p for p in path.iterdir()
+                 if p.suffix in (".yaml", ".yml") and not p.name.startswith(".")),
+                key=lambda p: p.name,
+            ))
+        else:
+            files.append(path)
+    return files
+
+
+def _as_tuple(value: str | list[str] | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _merge(base: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key in ("cache", "scope"):
+        if key in raw:
+            out[key] = raw[key]
+    for key in ("ttl", "stale_while_revalidate", "stale_if_error"):
+        if key in raw:
+            out[f"{key}_s"] = parse_duration(raw[key])
+    if "normalization" in raw:
+        out["normalization"] = {**base["normalization"], **raw["normalization"]}
+    detectors = raw.get("privacy", {}).get("detectors")
+    if detectors is not None:
+        merged = {**base["detectors"], **detectors}
+        out["detectors"] = {k: v for k, v in merged.items() if v != "off"}
+    return out
+
+
+def _rule(raw: Mapping[str, Any], settings: Mapping[str, Any], origin: str) -> Rule:
+    match = raw.get("match") or {}
+    headers = match.get("headers")
+    return Rule(
+        name=raw["name"],
+        match=Match(
+            routes=_as_tuple(match.get("routes")),
+            models=_as_tuple(match.get("models")),
+            tenants=_as_tuple(match.get("tenants")),
+            headers=None if headers is None else {k: str(v) for k, v in headers.items()},
+        ),
+        cache=settings["cache"],
+        scope=settings["scope"],
+        ttl_s=settings["ttl_s"],
+        stale_while_revalidate_s=settings["stale_while_revalidate_s"],
+        stale_if_error_s=settings["stale_if_error_s"],
+        normalization=Normalization(**settings["normalization"]),
+        privacy=Privacy(detectors=settings["detectors"]),
+        origin=origin,
+    )
+
+
+@dataclass(slots=True)
+class _File:
+    label: str | None
+    rules: list[Rule]
+    lines: dict[str, int | None]
+
+
+def _load_file(path: Path, issues: list[PolicyIssue]) -> _File | None:
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        issues.append(PolicyIssue(name, None, "(file)", f"cannot read: {exc}"))
+        return None
+    doc = locate(text, name, issues, loader=_Loader)
+    if doc is None:
+        return None
+    found = [describe_error(err, doc) for err in _VALIDATOR.iter_errors(doc.data)]
+    if found:
+        issues.extend(i for group in found for i in group)
+        return None
+    data: dict[str, Any] = doc.data
+    base = _merge(BASE, data.get("defaults", {}))
+    rules: list[Rule] = []
+    lines: dict[str, int | None] = {}
+    for index, raw in enumerate(data["rules"]):
+        line = doc.line(["rules", index])
+        try:
+            rules.append(_rule(raw, _merge(base, raw), f"{name}:{line}"))
+        except ValueError as exc:
+            issues.append(PolicyIssue(name, line, f"rules[{index}]", str(exc)))
+        lines[raw["name"]] = doc.line(["rules", index, "name"])
+    label = data.get("version")
+    return _File(None if label is None else str(label), rules, lines)
+
+
+def policy_hash(rules: Sequence[Rule]) -> str:
+    """8 hex characters over what the rules mean (not how the file spells them)."""
+    h = hashlib.sha256()
+    for r in rules:
+        m, n = r.match, r.normalization
+        headers = None if m.headers is None else sorted(m.headers.items())
+        h.update(repr((
+            r.name, m.routes, m.models, m.tenants, headers, r.cache, r.scope, r.ttl_s,
+            r.stale_while_revalidate_s, r.stale_if_error_s, n.unicode_form, n.casefold,
+            n.whitespace, n.max_chars, n.on_overflow, n.max_items,
+            sorted(r.privacy.detectors.items()),
+        )).encode())
+    return h.hexdigest()[:8]
+
+
+def _version(labels: Sequence[str], rules: Sequence[Rule]) -> str:
+    label = ",".join(dict.fromkeys(labels))
+    return f"{label}+{policy_hash(rules)}" if label else policy_hash(rules)
+
+
+def load_policy(paths: Sequence[Path]) -> Policy:
+    """Load, validate and combine policy files (or folders of them); ``PolicyError`` if invalid."""
+    issues: list[PolicyIssue] = []
+    files = policy_files(paths)
+    if not files:
+        where = ", ".join(str(p) for p in paths) or "(no paths)"
+        raise PolicyError([PolicyIssue(where, None, "(files)", "no *.yaml policy files found")])
+    rules: list[Rule] = []
+    labels: list[str] = []
+    first_seen: dict[str, str] = {}
+    for path in files:
+        loaded = _load_file(path, issues)
+        if loaded is None:
+            continue
+        if loaded.label:
+            labels.append(loaded.label)
+        for rule in loaded.rules:
+            if rule.name in first_seen:
+                issues.append(PolicyIssue(
+                    str(path), loaded.lines.get(rule.name), "rules[].name",
+                    f"duplicate rule name {rule.name!r} (first at {first_seen[rule.name]})"))
+            first_seen.setdefault(rule.name, rule.origin)
+            rules.append(rule)
+    if issues:
+        raise PolicyError(issues)
+    return Policy(version=_version(labels, rules), rules=tuple(rules),
+                  sources=tuple(str(p) for p in files))
+
+
+def lint(policy: Policy) -> list[PolicyIssue]:
+    """Warnings for a valid policy: rules that can never match (after a catch-all rule)."""
+    warnings: list[PolicyIssue] = []
+    catch_all: Rule | None = None
+    for rule in policy.rules:
+        if catch_all is not None:
+            file, _, line = rule.origin.rpartition(":")
+            warnings.append(PolicyIssue(
+                file or rule.origin, int(line) if line.isdigit() else None, rule.name,
+                f"unreachable: rule {catch_all.name!r} ({catch_all.origin}) matches every request",
+                severity="warning"))
+        elif rule.match.matches_everything:
+            catch_all = rule
+    return warnings
+
+
+def default_policy() -> Policy:
+    """The built-in policy (what ``policies/default.yaml`` says), used without ``--policies``."""
+    rule = Rule(
+        name="default",
+        cache=BASE["cache"], scope=BASE["scope"], ttl_s=BASE["ttl_s"],
+        stale_while_revalidate_s=BASE["stale_while_revalidate_s"],
+        stale_if_error_s=BASE["stale_if_error_s"],
+        normalization=Normalization(**BASE["normalization"]),
+        privacy=Privacy(detectors=BASE["detectors"]),
+        origin="<built-in default>",
+    )
+    return Policy(version=_version([DEFAULT_LABEL], [rule]), rules=(rule,),
+                  sources=("<built-in default>",))

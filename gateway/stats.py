@@ -1,0 +1,255 @@
+"""The ops stats snapshot behind ``/admin/stats`` and the ``/dashboard`` page.
+
+Everything countable is read back from the Prometheus registry (``registry.collect()``), never
+from counters of its own: with several worker processes the registry is the multiprocess
+collector, so any worker answers for the whole gateway. Only what is live state rather than a
+metric (backend health and load as this worker's router sees them, the active policy) is read
+from the components themselves.
+
+Definitions the page and the tests rely on:
+
+- hit ratio (overall, by model, by tenant): items served from cache (``hit`` + ``stale``) over
+  cache-eligible items (``hit`` + ``stale`` + ``miss`` + ``coalesced``); ``bypass`` items (the
+  policy or the client said no cache) are left out. ``None`` when nothing was eligible.
+- hit ratio by tier: fresh hits over lookups in that tier (L2 sees only what L1 missed).
+- latency quantiles: estimated from histogram buckets the way Prometheus' ``histogram_quantile``
+  does (linear interpolation inside the bucket), for inference routes only, so the dashboard's
+  own polling does not dilute them.
+
+Rates (requests/s, sheds/s, the hit ratio of the last interval) are differences between two
+snapshots; the page computes them, so every counter is reported as a lifetime total.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from gateway.policy.store import PolicyStore
+from gateway.routing.balancer import Router
+
+Labels = Mapping[str, str]
+Buckets = list[tuple[float, float]]  # (upper bound, cumulative count), sorted by bound
+
+QUANTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))
+SERVED = ("hit", "stale")
+ELIGIBLE = ("hit", "stale", "miss", "coalesced")
+
+
+def is_inference_route(route: str) -> bool:
+    """Routes that carry model traffic (the ones dashboards count), by their route pattern."""
+    return route.startswith("/v1/") or route.endswith("/infer")
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """The ``q`` quantile of a cumulative histogram, as Prometheus estimates it.
+
+    ``buckets`` are ``(upper bound, cumulative count)`` sorted by bound, ending with ``+Inf``.
+    Linear interpolation inside the bucket that holds the rank (from 0 for the first bucket); a
+    rank in the ``+Inf`` bucket answers the largest finite bound. ``None`` without observations.
+    """
+    if not buckets or not 0.0 <= q <= 1.0:
+        return None
+    total = buckets[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for upper, cumulative in buckets:
+        if cumulative >= rank and cumulative > below:
+            if math.isinf(upper):
+                return lower
+            return lower + (upper - lower) * (rank - below) / (cumulative - below)
+        if not math.isinf(upper):
+            lower = upper
+        below = cumulative
+    return lower
+
+
+def ratio(part: float, whole: float) -> float | None:
+    """``part / whole``, or ``None`` when there is nothing to divide."""
+    return part / whole if whole > 0 else None
+
+
+class Samples:
+    """One collection of a registry, indexed by sample name (``..._total``, ``..._bucket``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._by_name: dict[str, list[tuple[Labels, float]]] = defaultdict(list)
+        for family in registry.collect():
+            for sample in family.samples:
+                self._by_name[sample.name].append((sample.labels, sample.value))
+
+    def series(self, name: str) -> list[tuple[Labels, float]]:
+        """Every ``(labels, value)`` of one sample name."""
+        return self._by_name.get(name, [])
+
+    def total(self, name: str, where: Callable[[Labels], bool] | None = None) -> float:
+        """Sum of a sample name's values (over the series ``where`` accepts)."""
+        return sum(v for labels, v in self.series(name) if where is None or where(labels))
+
+    def sum_by(
+        self, name: str, label: str, where: Callable[[Labels], bool] | None = None
+    ) -> dict[str, float]:
+        """Values summed per value of ``label``."""
+        out: dict[str, float] = defaultdict(float)
+        for labels, value in self.series(name):
+            if where is None or where(labels):
+                out[labels.get(label, "")] += value
+        return dict(out)
+
+    def histograms(
+        self, name: str, label: str, where: Callable[[Labels], bool] | None = None
+    ) -> dict[str, Buckets]:
+        """Histogram ``name`` merged per value of ``label``: cumulative buckets, sorted."""
+        merged: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+        for labels, value in self.series(f"{name}_bucket"):
+            if where is None or where(labels):
+                merged[labels.get(label, "")][float(labels["le"])] += value
+        return {key: sorted(b.items()) for key, b in merged.items()}
+
+
+def quantiles(buckets: Buckets) -> dict[str, float | None]:
+    """``count`` and p50/p95/p99 (seconds) of one cumulative histogram."""
+    out: dict[str, float | None] = {"count": buckets[-1][1] if buckets else 0.0}
+    for key, q in QUANTILES:
+        out[key] = histogram_quantile(q, buckets)
+    return out
+
+
+def _items_ratio(counts: Mapping[str, float]) -> float | None:
+    return ratio(sum(counts.get(r, 0.0) for r in SERVED),
+                 sum(counts.get(r, 0.0) for r in ELIGIBLE))
+
+
+def _nested(samples: Samples, name: str, outer: str, inner: str) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for labels, value in samples.series(name):
+        out[labels.get(outer, "")][labels.get(inner, "")] += value
+    return {k: dict(v) for k, v in out.items()}
+
+
+def _top(groups: Mapping[str, Mapping[str, float]], limit: int) -> tuple[dict[str, Any], int]:
+    """The ``limit`` busiest groups (by items) with their counts and hit ratio; the rest count."""
+    ranked = sorted(groups.items(), key=lambda kv: -sum(kv[1].values()))
+    kept = {
+        key: {"counts": dict(counts), "hit_ratio": _items_ratio(counts)}
+        for key, counts in ranked[:limit]
+    }
+    return kept, max(0, len(ranked) - limit)
+
+
+def _inference(labels: Labels) -> bool:
+    return is_inference_route(labels.get("route", ""))
+
+
+class Stats:
+    """Builds the stats snapshot from the registry plus the router's and policies' live state."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        router: Router,
+        policies: PolicyStore,
+        clock: Callable[[], float] = time.time,
+        max_tenants: int = 20,
+    ) -> None:
+        self._registry = registry
+        self._router = router
+        self._policies = policies
+        self._clock = clock
+        # Tenant ids are unbounded; the page shows the busiest ones and counts the rest.
+        self._max_tenants = max_tenants
+
+    def snapshot(self) -> dict[str, Any]:
+        """One JSON-ready snapshot (see the module docstring for the definitions)."""
+        s = Samples(self._registry)
+        by_model = _nested(s, "gateway_cache_items_total", "model", "result")
+        by_tenant = _nested(s, "gateway_cache_items_total", "tenant", "result")
+        items = s.sum_by("gateway_cache_items_total", "result")
+        tenants, omitted = _top(by_tenant, self._max_tenants)
+        models, _ = _top(by_model, len(by_model))
+        lookups = _nested(s, "gateway_cache_lookups_total", "tier", "result")
+        shed = s.sum_by("gateway_shed_total", "reason")
+        saved = s.sum_by("gateway_compute_saved_seconds_total", "model")
+        latency = s.histograms("gateway_request_duration_seconds", "cache", _inference)
+        return {
+            "time": self._clock(),
+            "policy": self._policy(),
+            "requests": {
+                "total": s.total("gateway_requests_total", _inference),
+                "by_cache": s.sum_by("gateway_requests_total", "cache", _inference),
+                "by_status": s.sum_by("gateway_requests_total", "status", _inference),
+            },
+            "items": {"total": sum(items.values()), "by_result": items},
+            "hit_ratio": {
+                "overall": _items_ratio(items),
+                "by_tier": {
+                    tier: ratio(c.get("hit", 0.0), sum(c.values()))
+                    for tier, c in sorted(lookups.items())
+                },
+                "by_model": {k: v["hit_ratio"] for k, v in models.items()},
+                "by_tenant": {k: v["hit_ratio"] for k, v in tenants.items()},
+            },
+            "models": models,
+            "tenants": tenants,
+            "tenants_omitted": omitted,
+            "lookups": lookups,
+            "latency_s": {cache: quantiles(b) for cache, b in sorted(latency.items())},
+            "shed": {"total": sum(shed.values()), "by_reason": shed},
+            "compute_saved_s": {"total": sum(saved.values()), "by_model": saved},
+            "coalesced": s.total("gateway_coalesced_total"),
+            "queue_depth": s.sum_by("gateway_queue_depth", "tier"),
+            "inflight": s.sum_by("gateway_upstream_inflight", "tier"),
+            "redis_circuit_open": s.total("gateway_redis_circuit_open") > 0,
+            "backends": self._backends(s),
+        }
+
+    def _policy(self) -> dict[str, Any]:
+        active = self._policies.active
+        shadow = self._policies.shadow
+        return {
+            "version": active.version if active is not None else None,
+            "shadow_version": shadow.version if shadow is not None else None,
+        }
+
+    def _backends(self, s: Samples) -> list[dict[str, Any]]:
+        outcomes = _nested(s, "gateway_backend_requests_total", "backend", "outcome")
+        ok = s.histograms("gateway_upstream_duration_seconds", "backend",
+                          lambda labels: labels.get("outcome") == "ok")
+        gauge: dict[str, list[float]] = defaultdict(list)
+        for labels, value in s.series("gateway_backend_healthy"):
+            gauge[labels.get("backend", "")].append(value)  # one value per worker (liveall)
+        now = self._router.now()
+        out: list[dict[str, Any]] = []
+        for state in self._router.states:
+            name = state.name
+            calls = outcomes.get(name, {})
+            seen = gauge.get(name, [])
+            out.append({
+                "name": name,
+                "url": state.url,
+                "region": state.spec.region,
+                "zone": state.spec.zone,
+                "tier": self._router.tier_of(state),
+                "healthy": state.healthy,
+                "ejected": state.ejected(now),
+                "available": state.available(now),
+                "healthy_gauge": sum(seen) / len(seen) if seen else None,
+                "inflight": state.inflight,
+                "ewma_s": state.ewma_s if state.samples else None,
+                "ejections": state.ejections,
+                "model_versions": dict(state.model_versions),
+                "requests": sum(calls.values()),
+                "errors": sum(v for k, v in calls.items() if k != "ok"),
+                "outcomes": calls,
+                "latency_s": quantiles(ok.get(name, [])),
+            })
+        return out
+

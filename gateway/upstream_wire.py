@@ -1,0 +1,128 @@
+"""The OIP v2 wire format as the upstream client speaks it: request bodies and answer checks.
+
+Pure functions over bytes and headers (no I/O): what goes out to a backend, and whether what
+came back is an answer the gateway may use. A malformed answer raises ``BadGateway`` naming the
+backend and the fault, never the request's text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from gateway.errors import BadGateway
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    """A checked OIP embedding answer."""
+
+    vectors: np.ndarray  # float32 [n, dim]
+    queue_ms: float
+    compute_ms: float
+    model_version: str | None
+    token_counts: list[int] | None
+
+
+def infer_request_body(texts: Sequence[str]) -> bytes:
+    """An OIP infer request with the texts as one BYTES tensor ``text`` of shape [n]."""
+    tensor = {"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": list(texts)}
+    return orjson.dumps({"inputs": [tensor]})
+
+
+def retry_after(headers: Mapping[str, str]) -> float:
+    """The backend's ``Retry-After`` in seconds (1 when absent or an HTTP date)."""
+    try:
+        value = float(headers.get("Retry-After", "1"))
+    except ValueError:
+        return 1.0
+    return min(max(value, 0.0), 3600.0) if math.isfinite(value) else 1.0
+
+
+def server_timing(headers: Mapping[str, str]) -> dict[str, float]:
+    """``queue;dur=1.2, compute;dur=3.4`` -> {"queue": 1.2, "compute": 3.4} (milliseconds)."""
+    found: dict[str, float] = {}
+    for metric in headers.get("Server-Timing", "").split(","):
+        name, _, rest = metric.strip().partition(";")
+        for param in rest.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur":
+                with contextlib.suppress(ValueError):
+                    found[name.strip()] = float(value)
+    return found
+
+
+def error_message(body: bytes) -> str:
+    """The message of an OIP error body ``{"error": "..."}``, cut to 200 characters."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:200].decode("utf-8", "replace")
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(error, dict):
+        error = error.get("message")
+    return str(error)[:200] if error is not None else ""
+
+
+def _number(value: Any, default: float) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return default
+
+
+def _token_counts(doc: dict[str, Any], outputs: list[Any], n: int) -> list[int] | None:
+    """Tokens per text, from an INT output ``token_count`` [n] or ``parameters.token_counts``."""
+    found: Any = None
+    for out in outputs:
+        if isinstance(out, dict) and out.get("name") in ("token_count", "token_counts"):
+            found = out.get("data")
+    params = doc.get("parameters")
+    if found is None and isinstance(params, dict):
+        found = params.get("token_counts")
+    if (isinstance(found, list) and len(found) == n
+            and all(isinstance(c, int) and not isinstance(c, bool) for c in found)):
+        return found
+    return None
+
+
+def parse_embeddings(
+    body: bytes, headers: Mapping[str, str], n: int, backend: str
+) -> Embeddings:
+    """Check an infer answer for ``n`` texts: an FP32 output ``embedding`` of shape [n, dim]."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise BadGateway(f"backend {backend} answered with invalid JSON") from None
+    outputs = doc.get("outputs") if isinstance(doc, dict) else None
+    if not isinstance(outputs, list) or not outputs:
+        raise BadGateway(f"backend {backend} answered without outputs")
+    named = [o for o in outputs if isinstance(o, dict) and o.get("name") == "embedding"]
+    out = named[0] if named else outputs[0]
+    shape = out.get("shape") if isinstance(out, dict) else None
+    if (not isinstance(out, dict) or out.get("datatype") != "FP32"
+            or not isinstance(shape, list) or len(shape) != 2 or shape[0] != n
+            or not isinstance(shape[1], int) or shape[1] < 1):
+        raise BadGateway(f"backend {backend} answered an output that is not FP32 [{n}, dim]")
+    try:
+        vectors = np.asarray(out.get("data"), dtype=np.float32).reshape(n, shape[1])
+    except (TypeError, ValueError):
+        raise BadGateway(f"backend {backend} answered data that does not fit its shape") from None
+    if not np.isfinite(vectors).all():
+        raise BadGateway(f"backend {backend} answered non-finite numbers")
+    params = doc.get("parameters")
+    params = params if isinstance(params, dict) else {}
+    timing = server_timing(headers)
+    version = doc.get("model_version")
+    return Embeddings(
+        vectors=vectors,
+        queue_ms=_number(params.get("queue_time_ms"), timing.get("queue", 0.0)),
+        compute_ms=_number(params.get("compute_time_ms"), timing.get("compute", 0.0)),
+        model_version=version if isinstance(version, str) else None,
+        token_counts=_token_counts(doc, outputs, n),
+    )

@@ -1,0 +1,342 @@
+"""The backend over real sockets with the real MiniLM model (ONNX Runtime on the CPU).
+
+One model session is loaded per module and shared by every app the tests start; most tests use
+one shared app. Tests that need other batching settings start their own app around the same
+session (cheap: no model load).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from backend.app import create_app
+from backend.model import EmbeddingModel, load_models
+from backend.settings import ServeSettings
+
+pytestmark = [pytest.mark.model, pytest.mark.asyncio(loop_scope="module")]
+
+LONG = "the quick brown fox jumps over the lazy dog " * 40  # past 256 tokens
+
+
+@pytest.fixture(scope="module")
+def models(models_dir: Path) -> list[EmbeddingModel]:
+    return load_models(ServeSettings(models_dir=models_dir, device="cpu"))
+
+
+@contextlib.asynccontextmanager
+async def serving(models: list[EmbeddingModel], *, wait_ready: bool = True,
+                  **overrides: Any) -> AsyncIterator[TestClient[Any, Any]]:
+    options: dict[str, Any] = {
+        "device": "cpu", "warmup_lengths": (8,), "warmup_batch_sizes": (1,),
+        "client_max_size": 1024 * 1024,
+    }
+    options.update(overrides)
+    client: TestClient[Any, Any] = TestClient(TestServer(
+        create_app(ServeSettings(**options), models=models)))
+    await client.start_server()
+    try:
+        if wait_ready:
+            for _ in range(600):
+                if (await client.get("/v2/health/ready")).status == 200:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise TimeoutError("backend never became ready")
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(models: list[EmbeddingModel]) -> AsyncIterator[TestClient[Any, Any]]:
+    async with serving(models) as started:
+        yield started
+
+
+def infer_body(texts: list[str], **extra: Any) -> dict[str, Any]:
+    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)],
+                        "data": texts}], **extra}
+
+
+async def infer(client: TestClient[Any, Any], texts: list[str], *,
+                headers: dict[str, str] | None = None, **extra: Any) -> Any:
+    response = await client.post("/v2/models/minilm/infer", json=infer_body(texts, **extra),
+                                 headers=headers)
+    assert response.status == 200, await response.text()
+    return response, await response.json()
+
+
+def embeddings_of(body: dict[str, Any]) -> np.ndarray[Any, np.dtype[np.float32]]:
+    (output,) = body["outputs"]
+    return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+async def test_infer_matches_the_reference_embeddings(
+    client: TestClient[Any, Any], reference: dict[str, Any]
+) -> None:
+    items = reference["items"]
+    texts = [item["text"] for item in items]
+    response, body = await infer(client, texts, id="ref-1")
+    assert body["model_name"] == "minilm" and body["model_version"] == "1"
+    assert body["id"] == "ref-1"
+    got = embeddings_of(body)
+    assert got.shape == (len(texts), 384)
+    assert body["outputs"][0]["datatype"] == "FP32"
+    want = np.asarray([item["embedding"] for item in items], dtype=np.float64)
+    cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosine.min() >= 0.9999, cosine
+
+
+async def test_timing_is_reported_and_request_id_echoed(client: TestClient[Any, Any]) -> None:
+    response, body = await infer(client, ["hello"], headers={"X-Request-Id": "req-7"})
+    assert response.headers["X-Request-Id"] == "req-7"
+    timing = response.headers["Server-Timing"]
+    assert timing.startswith("queue;dur=") and ", compute;dur=" in timing
+    params = body["parameters"]
+    assert params["queue_time_ms"] >= 0 and params["compute_time_ms"] > 0
+    assert params["batch_size"] == 1
+    assert "X-Request-Id" in (await client.get("/v2/health/live")).headers
+
+
+async def test_metadata_and_health_routes(client: TestClient[Any, Any]) -> None:
+    server = await (await client.get("/v2")).json()
+    assert server["name"] == "edge-backend" and isinstance(server["extensions"], list)
+    assert "version" in server
+    assert await (await client.get("/v2/health/live")).json() == {"live": True}
+    ready = await client.get("/v2/health/ready")
+    assert ready.status == 200 and (await ready.json())["ready"] is True
+    for path in ("/v2/models/minilm", "/v2/models/minilm/versions/1"):
+        meta = await (await client.get(path)).json()
+        assert meta == {
+            "name": "minilm", "versions": ["1"], "platform": "onnxruntime_onnx",
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}],
+        }
+        model_ready = await client.get(path + "/ready")
+        assert await model_ready.json() == {"name": "minilm", "ready": True}
+    _, body = await infer_versioned(client)
+    assert body["model_version"] == "1"
+
+
+async def infer_versioned(client: TestClient[Any, Any]) -> Any:
+    response = await client.post("/v2/models/minilm/versions/1/infer", json=infer_body(["a"]))
+    assert response.status == 200
+    return response, await response.json()
+
+
+async def test_outputs_filter_and_row_major_nested_input(client: TestClient[Any, Any]) -> None:
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2, 1],
+                        "data": [["first"], ["second"]]}],
+            "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}]}
+    response = await client.post("/v2/models/minilm/infer", json=body)
+    assert response.status == 200
+    assert embeddings_of(await response.json()).shape == (2, 384)
+    body["outputs"] = []
+    response = await client.post("/v2/models/minilm/infer", json=body)
+    assert (await response.json())["outputs"] == []
+
+
+async def test_standard_client_bodies_without_json_content_type(
+    client: TestClient[Any, Any],
+) -> None:
+    raw = orjson.dumps(infer_body(["x"]))
+    for headers in ({}, {"Content-Type": "application/octet-stream"}):
+        response = await client.post("/v2/models/minilm/infer", data=raw, headers=headers)
+        assert response.status == 200, await response.text()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "status", "message"),
+    [
+        ("/v2/models/minilm/infer", b"{oops", {}, 400, "malformed JSON"),
+        ("/v2/models/minilm/infer", b'{"inputs": ["\xff"]}', {}, 400, "UTF-8"),
+        ("/v2/models/minilm/infer",
+         orjson.dumps({"inputs": [{"name": "text", "datatype": "INT64", "shape": [1],
+                                   "data": [1]}]}), {}, 400, "datatype"),
+        ("/v2/models/minilm/infer",
+         orjson.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2, 2],
+                                   "data": ["a", "b", "c", "d"]}]}), {}, 400, "shape"),
+        ("/v2/models/minilm/infer", orjson.dumps(infer_body(["x"] * 257)), {}, 400,
+         "too many items"),
+        ("/v2/models/minilm/infer", b"x" * (1024 * 1024 + 1), {}, 413, "exceeds"),
+        ("/v2/models/nope/infer", orjson.dumps(infer_body(["x"])), {}, 404, "unknown model"),
+        ("/v2/models/minilm/versions/9/infer", orjson.dumps(infer_body(["x"])), {}, 404,
+         "no version"),
+        ("/v2/models/minilm/infer", orjson.dumps(infer_body(["x"])),
+         {"Content-Type": "text/plain"}, 415, "content type"),
+        ("/v2/models/minilm/infer", orjson.dumps(infer_body(["x"])),
+         {"X-Request-Timeout-Ms": "soon"}, 400, "X-Request-Timeout-Ms"),
+        ("/v2/nowhere", b"", {}, 404, "no route"),
+    ],
+)
+async def test_bad_input_gets_a_json_error_and_the_server_keeps_serving(
+    client: TestClient[Any, Any], path: str, body: bytes, headers: dict[str, str],
+    status: int, message: str,
+) -> None:
+    headers = {"Content-Type": "application/json"} | headers
+    response = await client.post(path, data=body, headers=headers)
+    assert response.status == status
+    error = (await response.json())["error"]
+    assert isinstance(error, str) and message in error
+    await infer(client, ["still serving"])
+
+
+async def test_wrong_method_is_a_json_405(client: TestClient[Any, Any]) -> None:
+    response = await client.get("/v2/models/minilm/infer")
+    assert response.status == 405
+    assert "error" in await response.json()
+
+
+async def test_concurrent_requests_are_batched(client: TestClient[Any, Any]) -> None:
+    results = await asyncio.gather(*(infer(client, [f"text number {i}"]) for i in range(24)))
+    sizes = [body["parameters"]["batch_size"] for _, body in results]
+    assert max(sizes) > 1, sizes
+
+
+async def test_texts_split_across_batches_come_back_in_order(
+    client: TestClient[Any, Any], models: list[EmbeddingModel]
+) -> None:
+    # Lengths vary so that length grouping reorders items inside batches.
+    texts = [("word " * (1 + (i * 37) % 60)) + str(i) for i in range(80)]
+    _, body = await infer(client, texts)
+    got = embeddings_of(body)
+    assert body["parameters"]["batch_size"] <= 32
+    model = models[0]
+    want = np.stack(model.compute(model.tokenize(texts)))
+    assert np.min((got * want).sum(1)) >= 0.9999
+
+
+async def test_full_batch_is_released_without_waiting_the_delay(
+    models: list[EmbeddingModel],
+) -> None:
+    async with serving(models, max_batch_size=4, max_queue_delay_ms=60_000) as client:
+        results = await asyncio.wait_for(
+            asyncio.gather(*(infer(client, [f"t{i}"]) for i in range(4))), timeout=30
+        )
+    assert [body["parameters"]["batch_size"] for _, body in results] == [4, 4, 4, 4]
+
+
+async def test_queue_full_answers_503_with_retry_after(models: list[EmbeddingModel]) -> None:
+    async with serving(models, max_queue_size=2, max_batch_size=1) as client:
+        body = orjson.dumps(infer_body([LONG, LONG]))
+        responses = await asyncio.gather(*(
+            client.post("/v2/models/minilm/infer", data=body) for _ in range(12)
+        ))
+        statuses = sorted(r.status for r in responses)
+        assert set(statuses) == {200, 503}, statuses
+        shed = next(r for r in responses if r.status == 503)
+        assert int(shed.headers["Retry-After"]) >= 1
+        assert "queue full" in (await shed.json())["error"]
+        await infer(client, ["after the burst"])
+        text = await (await client.get("/metrics")).text()
+        assert metric(text, "backend_requests_total", model="minilm", status="503") >= 1
+
+
+async def test_expired_request_is_answered_504_and_never_computed(
+    models: list[EmbeddingModel],
+) -> None:
+    async with serving(models, max_batch_size=4) as client:
+        before = metric(await (await client.get("/metrics")).text(), "backend_batch_size_sum")
+        big = asyncio.create_task(infer(client, [LONG] * 8))
+        await asyncio.sleep(0.05)
+        late = await client.post("/v2/models/minilm/infer", json=infer_body(["late"]),
+                                 headers={"X-Request-Timeout-Ms": "20"})
+        assert late.status == 504
+        assert "deadline" in (await late.json())["error"]
+        await big
+        after = metric(await (await client.get("/metrics")).text(), "backend_batch_size_sum")
+        assert after - before == 8  # the big request's texts only
+
+
+async def test_not_ready_while_warming_up(models: list[EmbeddingModel]) -> None:
+    async with serving(models, wait_ready=False, warmup_lengths=(256,),
+                       warmup_batch_sizes=(1, 32)) as client:
+        first = await client.get("/v2/health/ready")
+        assert first.status == 503
+        assert (await first.json())["ready"] is False
+        assert (await client.get("/v2/models/minilm/ready")).status == 503
+        early = await client.post("/v2/models/minilm/infer", json=infer_body(["x"]))
+        assert early.status == 503 and "Retry-After" in early.headers
+        assert (await client.get("/v2/health/live")).status == 200
+        for _ in range(600):
+            if (await client.get("/v2/health/ready")).status == 200:
+                break
+            await asyncio.sleep(0.05)
+        await infer(client, ["warm now"])
+
+
+async def test_openai_embeddings_float_and_base64(
+    client: TestClient[Any, Any], models: list[EmbeddingModel]
+) -> None:
+    texts = ["a short one", "and a somewhat longer sentence to embed"]
+    plain = await client.post("/v1/embeddings", json={"model": "minilm", "input": texts})
+    assert plain.status == 200 and "Server-Timing" in plain.headers
+    body = await plain.json()
+    assert body["object"] == "list" and body["model"] == "minilm"
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    tokens = sum(len(ids) for ids in models[0].tokenize(texts))
+    assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    packed = await (await client.post("/v1/embeddings", json={
+        "model": "minilm", "input": texts, "encoding_format": "base64"})).json()
+    for item, want in zip(packed["data"], body["data"], strict=True):
+        vector = np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")
+        assert vector.shape == (384,)
+        assert np.allclose(vector, want["embedding"], atol=1e-6)
+    one = await (await client.post("/v1/embeddings", json={"model": "minilm",
+                                                             "input": "solo"})).json()
+    assert len(one["data"]) == 1
+
+
+async def test_openai_errors_use_openai_shape(client: TestClient[Any, Any]) -> None:
+    response = await client.post("/v1/embeddings", json={"model": "gpt", "input": "x"})
+    assert response.status == 404
+    error = (await response.json())["error"]
+    assert "unknown model" in error["message"] and error["type"] == "invalid_request_error"
+    response = await client.post("/v1/embeddings", json={"model": "minilm", "input": [1, 2]})
+    assert response.status == 400
+
+
+async def test_metrics_are_exposed(client: TestClient[Any, Any]) -> None:
+    await infer(client, ["count me"])
+    response = await client.get("/metrics")
+    assert response.status == 200 and response.content_type == "text/plain"
+    text = await response.text()
+    assert metric(text, "backend_requests_total", model="minilm", status="200") >= 1
+    assert metric(text, "backend_requests_total", model="unknown", status="404") >= 0
+    for name in ("backend_queue_seconds_count", "backend_compute_seconds_count",
+                 "backend_batch_size_count"):
+        assert metric(text, name, model="minilm") >= 1, name
+    assert "backend_queue_depth" in text
+
+
+async def test_logs_never_hold_request_text(
+    client: TestClient[Any, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "my-secret-passphrase-4711"
+    with caplog.at_level(logging.DEBUG):
+        await infer(client, [secret])
+        await client.post("/v2/models/minilm/infer", data=b'{"inputs": "' + secret.encode())
+    assert caplog.records, "the access log should have logged the requests"
+    assert all(secret not in str(record.__dict__) for record in caplog.records)

@@ -1,0 +1,209 @@
+"""The dynamic batcher with a small real compute function (not the model), to stay fast."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from backend.batching import (
+    BatcherClosed,
+    DeadlineExpired,
+    DynamicBatcher,
+    QueueFull,
+)
+from backend.grouping import choose_window, plan_groups
+
+
+class Doubler:
+    """Doubles ints; records every call; can hold the worker on a gate to build a backlog."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+        self.started = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail_on: int | None = None
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.calls.append(list(items))
+        self.started.set()
+        if not self.gate.wait(10):
+            raise TimeoutError("test gate never opened")
+        if self.fail_on is not None and self.fail_on in items:
+            raise ValueError("poisoned item")
+        return [2 * x for x in items]
+
+    async def hold(self, batcher: DynamicBatcher[int, int], item: int = 1) -> asyncio.Task[object]:
+        """Occupies the single worker with ``item`` until ``release``."""
+        self.gate.clear()
+        self.started.clear()
+        task: asyncio.Task[object] = asyncio.create_task(batcher.submit([item]))
+        assert await asyncio.to_thread(self.started.wait, 5)
+        return task
+
+    def release(self) -> None:
+        self.gate.set()
+
+    @property
+    def computed(self) -> list[int]:
+        return [x for call in self.calls for x in call]
+
+
+BatcherFactory = Callable[..., DynamicBatcher[int, int]]
+
+
+@pytest.fixture
+async def make() -> AsyncIterator[BatcherFactory]:
+    made: list[DynamicBatcher[int, int]] = []
+
+    def factory(compute: Doubler, **kwargs: object) -> DynamicBatcher[int, int]:
+        options: dict[str, object] = {
+            "max_batch_size": 4, "max_queue_delay_s": 0.02, "max_queue_size": 64,
+            "size_of": lambda x: x,
+        }
+        options.update(kwargs)
+        batcher: DynamicBatcher[int, int] = DynamicBatcher(compute, **options)  # type: ignore[arg-type]
+        batcher.start()
+        made.append(batcher)
+        return batcher
+
+    yield factory
+    for batcher in made:
+        await batcher.close()
+
+
+async def test_concurrent_requests_are_merged_into_one_batch(make: BatcherFactory) -> None:
+    compute = Doubler()
+    batcher = make(compute, max_batch_size=8, max_queue_delay_s=0.2)
+    outcomes = await asyncio.gather(*(batcher.submit([i]) for i in range(1, 6)))
+    assert [o.results for o in outcomes] == [[2], [4], [6], [8], [10]]
+    assert len(compute.calls) == 1
+    assert all(o.batch_size == 5 for o in outcomes)
+    assert all(o.compute_s > 0 and o.queue_s >= 0 for o in outcomes)
+
+
+async def test_full_batch_is_released_without_waiting_for_the_delay(make: BatcherFactory) -> None:
+    compute = Doubler()
+    batcher = make(compute, max_batch_size=4, max_queue_delay_s=30.0)
+    # A 30 s delay would time this out; a full batch must go at once.
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(batcher.submit([i]) for i in range(1, 5))), timeout=5
+    )
+    assert [o.results[0] for o in outcomes] == [2, 4, 6, 8]
+    assert compute.calls == [[1, 2, 3, 4]]
+
+
+async def test_one_request_split_across_batches_comes_back_in_order(
+    make: BatcherFactory,
+) -> None:
+    compute = Doubler()
+    batcher = make(compute, max_batch_size=3)
+    items = [9, 1, 7, 3, 8, 2, 6, 4, 5, 10]
+    outcome = await batcher.submit(items)
+    assert outcome.results == [2 * x for x in items]
+    assert all(len(call) <= 3 for call in compute.calls)
+    assert sorted(compute.computed) == sorted(items)
+    assert outcome.batch_size == 3
+
+
+async def test_backlog_is_grouped_by_length_oldest_first(make: BatcherFactory) -> None:
+    compute = Doubler()
+    batcher = make(compute, max_batch_size=4, max_queue_delay_s=0.0)
+    held = await compute.hold(batcher)
+    sizes = [5, 200, 6, 201, 7, 202, 8, 203]
+    waiting = [asyncio.create_task(batcher.submit([s])) for s in sizes]
+    await asyncio.sleep(0.05)
+    assert batcher.depth == len(sizes)
+    compute.release()
+    await held
+    results = await asyncio.gather(*waiting)
+    assert [r.results[0] for r in results] == [2 * s for s in sizes]
+    assert compute.calls[1:] == [[5, 6, 7, 8], [200, 201, 202, 203]]
+
+
+async def test_queue_full_is_refused_at_once(make: BatcherFactory) -> None:
+    compute = Doubler()
+    batcher = make(compute, max_batch_size=4, max_queue_size=4)
+    held = await compute.hold(batcher)
+    queued = asyncio.create_task(batcher.submit([1, 2, 3, 4]))
+    await asyncio.sleep(0.01)
+    with pytest.raises(QueueFull) as info:
+        await batcher.submit([5])
+    assert info.value.retry_after_s > 0
+    compute.release()
+    await held
+    assert (await queued).results == [2, 4, 6, 8]
+    assert 5 not in compute.computed
+    assert (await batcher.submit([5])).results == [10]  # room again once drained
+
+
+async def test_expired_request_is_dropped_before_compute(make: BatcherFactory) -> None:
+    compute = Doubler()
+    batcher = make(compute)
+    held = await compute.hold(batcher)
+    with pytest.raises(DeadlineExpired):
+        await batcher.submit([77], timeout_s=0.05)
+    assert batcher.depth == 0
+    compute.release()
+    await held
+    assert (await batcher.submit([3])).results == [6]
+    assert 77 not in compute.computed
+
+
+async def test_cancelled_request_leaves_the_queue(make: BatcherFactory) -> None:
+    compute = Doubler()
+    batcher = make(compute)
+    held = await compute.hold(batcher)
+    waiting = asyncio.create_task(batcher.submit([55, 56]))
+    await asyncio.sleep(0.01)
+    assert batcher.depth == 2
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert batcher.depth == 0
+    compute.release()
+    await held
+    assert 55 not in compute.computed
+
+
+async def test_compute_error_reaches_its_batch_and_the_batcher_goes_on(
+    make: BatcherFactory,
+) -> None:
+    compute = Doubler()
+    compute.fail_on = 13
+    batcher = make(compute, max_queue_delay_s=0.05)
+    bad, good = await asyncio.gather(
+        batcher.submit([13]), batcher.submit([2]), return_exceptions=True
+    )
+    assert isinstance(bad, ValueError) and isinstance(good, ValueError)  # same batch
+    assert (await batcher.submit([2])).results == [4]
+
+
+async def test_close_fails_queued_requests(make: BatcherFactory) -> None:
+    compute = Doubler()
+    batcher = make(compute)
+    held = await compute.hold(batcher)
+    queued = asyncio.create_task(batcher.submit([4]))
+    await asyncio.sleep(0.01)
+    compute.release()
+    await batcher.close()
+    await held
+    with pytest.raises(BatcherClosed):
+        await queued
+    with pytest.raises(BatcherClosed):
+        await batcher.submit([1])
+
+
+def test_window_holds_the_oldest_and_pads_least() -> None:
+    sizes = [1, 2, 3, 50, 51, 52, 53, 100]
+    assert choose_window(sizes, must=4, width=4) == 3  # 50..53, not 2..51
+    assert choose_window(sizes, must=0, width=4) == 0
+    assert choose_window(sizes, must=7, width=4) == 4
+
+
+def test_mixed_lengths_split_only_when_padding_outweighs_a_call() -> None:
+    assert plan_groups([8] * 31 + [256], split_cost=32) == [(0, 31), (31, 32)]
+    assert plan_groups([8, 9, 10, 12, 16], split_cost=32) == [(0, 5)]
+    assert plan_groups([], split_cost=32) == []

@@ -1,0 +1,99 @@
+"""``python -m backend`` as a user runs it: a real process, a real port, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import orjson
+import pytest
+
+from backend.runtime import probe_gpu
+from tests.conftest import REPO, free_port
+
+pytestmark = pytest.mark.model
+
+
+def backend(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "backend", *args], cwd=REPO,
+        env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.mark.skipif(probe_gpu() is None, reason="a GPU works here")
+def test_device_cuda_without_gpu_exits_2_and_says_why(models_dir: Path) -> None:
+    proc = backend("serve", "--models", str(models_dir), "--port", str(free_port()),
+                   "--device", "cuda")
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    message = stderr.decode()
+    assert "error: --device cuda: no working GPU:" in message
+    assert "listening" not in message
+
+
+def test_bad_setting_exits_2(models_dir: Path) -> None:
+    proc = backend("serve", "--models", str(models_dir), "--threads", "0")
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and b"threads" in stderr
+
+
+def test_serve_answers_then_stops_cleanly_on_sigint(models_dir: Path) -> None:
+    port = free_port()
+    proc = backend(
+        "serve", "--models", str(models_dir), "--port", str(port), "--device", "cpu",
+        "--zone", "z1", "--region", "r1",
+        env={"BACKEND_WARMUP_LENGTHS": "8", "BACKEND_WARMUP_BATCH_SIZES": "1"},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if get(base + "/v2/health/ready")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            time.sleep(0.1)
+        else:
+            pytest.fail("the backend never became ready")
+        status, body = get(base + "/v2")
+        assert status == 200 and orjson.loads(body)["zone"] == "z1"
+        request = urllib.request.Request(
+            base + "/v2/models/minilm/infer", method="POST",
+            data=orjson.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                           "data": ["hello"]}]}),
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert orjson.loads(response.read())["outputs"][0]["shape"] == [1, 384]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    lines = [line for line in stderr.decode().splitlines() if line.strip()]
+    assert lines, "the server should log"
+    records = [orjson.loads(line) for line in lines]  # every line is JSON
+    assert any(r["msg"] == "model ready" for r in records)
+    assert any(r["msg"] == "request" and r["path"] == "/v2/models/minilm/infer"
+               for r in records)
+
+
+def test_build_model_is_wired() -> None:
+    proc = backend("build-model", "--help")
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and b"minilm" in stdout

@@ -1,0 +1,72 @@
+"""Routing settings: defaults, normalisation, and errors that name the field."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gateway.routing.config import BackendSpec, RoutingSettings
+
+
+def test_backend_name_defaults_to_host_port_and_url_is_normalised() -> None:
+    spec = BackendSpec(url="http://127.0.0.1:8001/", zone="a", region="r1")
+    assert spec.url == "http://127.0.0.1:8001"
+    assert spec.name == "127.0.0.1:8001"
+    assert spec.label == "127.0.0.1:8001"
+    assert BackendSpec(url="http://backend").name == "backend:80"
+    assert BackendSpec(url="http://b:1", name="gpu-1").name == "gpu-1"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"url": "127.0.0.1:8000"}, "url"),
+        ({"url": "ftp://h:1"}, "url"),
+        ({"url": "http://h:1/v2"}, "url"),
+        ({"url": "http://h:99999"}, "port"),
+        ({"url": "http://h:1", "zone": ""}, "zone"),
+        ({"url": "http://h:1", "region": " "}, "region"),
+        ({"url": "http://h:1", "name": ""}, "name"),
+    ],
+)
+def test_backend_spec_rejects_bad_values(kwargs: dict[str, str], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        BackendSpec(**kwargs)
+
+
+def test_settings_are_frozen_and_keyword_only() -> None:
+    settings = RoutingSettings()
+    assert settings.models == ("minilm",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.zone = "b"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        RoutingSettings("r1")  # type: ignore[call-arg]
+    assert RoutingSettings(models=["a", "b"]).models == ("a", "b")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"health_interval_s": 0}, "health_interval_s"),
+        ({"health_timeout_s": -1.0}, "health_timeout_s"),
+        ({"read_timeout_s": float("inf")}, "read_timeout_s"),
+        ({"base_ejection_s": 10.0, "max_ejection_s": 5.0}, "max_ejection_s"),
+        ({"eject_after_failures": 0}, "eject_after_failures"),
+        ({"max_ejected_percent": 101}, "max_ejected_percent"),
+        ({"ewma_alpha": 0.0}, "ewma_alpha"),
+        ({"ewma_alpha": 1.5}, "ewma_alpha"),
+        ({"pool_size": 0}, "pool_size"),
+        ({"tier_concurrency": 0}, "tier_concurrency"),
+        ({"tier_queue": -1}, "tier_queue"),
+        ({"default_timeout_ms": 0}, "default_timeout_ms"),
+        ({"max_inflight_per_backend": 0}, "max_inflight_per_backend"),
+        ({"retry": "yes"}, "retry"),
+        ({"models": "minilm"}, "models"),
+        ({"models": ("",)}, "models"),
+        ({"zone": ""}, "zone"),
+    ],
+)
+def test_settings_reject_bad_values_naming_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        RoutingSettings(**kwargs)  # type: ignore[arg-type]
