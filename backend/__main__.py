@@ -21,11 +21,19 @@ log = logging.getLogger("backend")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parses ``argv`` and runs the chosen command; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m backend", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m backend",
+        description="Serve the model repository, or build a model into it. Exit codes: 0 after "
+        "a clean shutdown, 2 for a setting, repository or device the server cannot start with "
+        "(stderr says why), 1 for anything unexpected.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(commands)
-    _add_build_model(commands)
-    args = parser.parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] != ["serve"]:
+        # The builder pulls in the whole ONNX toolchain; serving never needs it.
+        _add_build_model(commands)
+    args = parser.parse_args(args_list)
     code = args.func(args)
     return int(code or 0)
 
@@ -52,13 +60,17 @@ def _add_serve(commands: Any) -> None:
     serve.add_argument("--max-queue-size", type=int, help="override the models' queue bound")
     serve.add_argument("--max-items-per-request", type=int,
                        help="texts one request may carry (default: 256)")
+    serve.add_argument("--default-timeout-ms", type=float,
+                       help="deadline of requests without X-Request-Timeout-Ms (default: 30000)")
+    serve.add_argument("--client-max-size", type=int,
+                       help="largest request body in bytes (default: 4 MiB)")
     serve.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
     serve.set_defaults(func=_serve)
 
 
 def _add_build_model(commands: Any) -> None:
     try:
-        from backend.modelbuild.cli import register  # type: ignore[import-not-found,unused-ignore]
+        from backend.modelbuild.cli import register
     except ImportError as exc:
         # The model builder is optional at serve time; say why it is missing when asked for.
         reason = str(exc)
@@ -84,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     names = ("models_dir", "host", "port", "device", "threads", "variant", "region", "zone",
              "max_batch_size", "max_queue_delay_ms", "max_queue_size", "max_items_per_request",
-             "log_level")
+             "default_timeout_ms", "client_max_size", "log_level")
     overrides = {name: getattr(args, name) for name in names}
     if overrides["models_dir"] is not None:
         overrides["models_dir"] = Path(overrides["models_dir"])

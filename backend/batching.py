@@ -20,16 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from backend.grouping import choose_window, plan_groups
+from backend.grouping import next_batch, plan_groups
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+log = logging.getLogger("backend.batching")
 
 
 class BatchingError(Exception):
@@ -99,7 +102,6 @@ class _Slot:
     item: Any
     size: int
     seq: int  # arrival order across requests
-    taken: bool = False
 
 
 class DynamicBatcher(Generic[T, R]):
@@ -146,6 +148,17 @@ class DynamicBatcher(Generic[T, R]):
         """Starts the batching loop; call from inside the running event loop."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        # A bug, not a load condition: refuse new work (503) rather than let it wait forever.
+        log.error("batching loop crashed", exc_info=task.exception())
+        self._closed = True
+        for slot in self._pending:
+            _fail(slot.req, BatcherClosed("batching loop crashed"))
+        self._pending.clear()
 
     async def close(self) -> None:
         """Fails what is still queued with ``BatcherClosed``, waits for running batches."""
@@ -247,18 +260,8 @@ class DynamicBatcher(Generic[T, R]):
                 _fail(req, DeadlineExpired("deadline passed while queued"))
                 continue
             live.append(slot)
-        size = self.max_batch_size
-        if len(live) <= size:
-            batch, self._pending = live, []
-        else:
-            ordered = sorted(live, key=lambda s: (s.size, s.seq))
-            start = choose_window([s.size for s in ordered], ordered.index(live[0]), size)
-            batch = ordered[start : start + size]
-            for slot in batch:
-                slot.taken = True
-            self._pending = [slot for slot in live if not slot.taken]
+        batch, self._pending = next_batch(live, [s.size for s in live], self.max_batch_size)
         self._observer.queue_depth(len(self._pending))
-        batch.sort(key=lambda s: (s.size, s.seq))
         return batch
 
     async def _execute(self, batch: list[_Slot]) -> None:

@@ -11,6 +11,22 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import TypeVar
+
+S = TypeVar("S")
+
+
+def next_batch(waiting: list[S], sizes: Sequence[int], width: int) -> tuple[list[S], list[S]]:
+    """Splits ``waiting`` (oldest first) into the next batch, sorted by size, and the rest
+    (still oldest first). With a backlog the batch is the ``width`` items that hold the oldest
+    and pad least, so nothing starves and like lengths travel together."""
+    order = sorted(range(len(waiting)), key=lambda i: (sizes[i], i))
+    if len(waiting) <= width:
+        return [waiting[i] for i in order], []
+    start = choose_window([sizes[i] for i in order], order.index(0), width)
+    chosen = order[start : start + width]
+    taken = set(chosen)
+    return [waiting[i] for i in chosen], [w for i, w in enumerate(waiting) if i not in taken]
 
 
 def choose_window(sizes: Sequence[int], must: int, width: int) -> int:

@@ -84,6 +84,7 @@ async def infer(request: web.Request) -> web.Response:
         config=served.config,
         request=parsed,
         embeddings=result.embeddings,
+        token_counts=result.token_counts,
         parameters={
             "queue_time_ms": round(result.queue_s * 1000, 3),
             "compute_time_ms": round(result.compute_s * 1000, 3),

@@ -21,6 +21,7 @@ from backend.handlers import MODEL_LABEL, REQUEST_ID, json_response
 from backend.metrics import BackendMetrics
 
 REQUEST_ID_HEADER = "X-Request-Id"
+_QUIET = ("/v2/health/", "/metrics")
 
 access_log = logging.getLogger("backend.access")
 log = logging.getLogger("backend.errors")
@@ -40,11 +41,16 @@ def request_context(*, metrics: BackendMetrics, log_requests: bool = True) -> Mi
         if model is not None:
             metrics.requests.labels(model, str(response.status)).inc()
         if log_requests:
-            access_log.info("request", extra={"fields": {
+            fields: dict[str, Any] = {
                 "request_id": rid, "method": request.method, "path": request.path,
-                "status": response.status, "model": model,
+                "status": response.status,
                 "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-            }})
+            }
+            if model is not None:
+                fields["model"] = model
+            # Probes and scrapes arrive every few seconds; keep them out of the INFO stream.
+            level = logging.DEBUG if request.path.startswith(_QUIET) else logging.INFO
+            access_log.log(level, "request", extra={"fields": fields})
         return response
 
     return middleware

@@ -36,6 +36,12 @@ class InferRequest:
     outputs: tuple[str, ...] | None  # None: every output
 
 
+# A derived output every text model has: the tokens each text used (after truncation), so that
+# a caller caching per text (the gateway) can report usage without tokenizing again.
+TOKEN_COUNT = "token_count"
+TOKEN_COUNT_SPEC = {"name": TOKEN_COUNT, "datatype": "INT32", "shape": [-1]}
+
+
 def parse_infer_request(
     body: bytes,
     *,
@@ -72,7 +78,8 @@ def parse_infer_request(
         raise BadRequest(f"input {input_spec.name!r} holds no texts")
     if len(texts) > max_items:
         raise BadRequest(f"too many items: {len(texts)} texts; at most {max_items} per request")
-    return InferRequest(request_id, texts, _parse_outputs(raw.get("outputs"), output_names))
+    names = [*output_names, TOKEN_COUNT]
+    return InferRequest(request_id, texts, _parse_outputs(raw.get("outputs"), names))
 
 
 def _parse_input(tensor: Any, spec: TensorSpec, binary: bytes) -> list[str]:
@@ -169,6 +176,7 @@ def encode_infer_response(
     request: InferRequest,
     embeddings: npt.NDArray[np.float32],
     parameters: Mapping[str, float | int | str | bool],
+    token_counts: Sequence[int] = (),
 ) -> bytes:
     """The inference response: the requested outputs with flat row-major data."""
     spec = config.output
@@ -180,6 +188,9 @@ def encode_infer_response(
             "shape": list(embeddings.shape),
             "data": np.ascontiguousarray(embeddings, dtype=np.float32).reshape(-1),
         })
+    if token_counts and (request.outputs is None or TOKEN_COUNT in request.outputs):
+        outputs.append({"name": TOKEN_COUNT, "datatype": "INT32", "shape": [len(token_counts)],
+                        "data": list(token_counts)})
     response: dict[str, Any] = {"model_name": config.name, "model_version": config.version}
     if request.id is not None:
         response["id"] = request.id
@@ -195,5 +206,5 @@ def model_metadata(config: ModelConfig) -> dict[str, Any]:
         "versions": [config.version],
         "platform": config.platform,
         "inputs": [t.to_json() for t in config.inputs],
-        "outputs": [t.to_json() for t in config.outputs],
+        "outputs": [*(t.to_json() for t in config.outputs), TOKEN_COUNT_SPEC],
     }

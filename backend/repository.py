@@ -89,7 +89,8 @@ def load_repository(models_dir: Path) -> list[ModelConfig]:
     configs = [
         load_config(child)
         for child in sorted(models_dir.iterdir())
-        if (child / CONFIG_FILE).is_file()
+        # Dot folders are builds in progress or swapped-out old builds: never serve them.
+        if not child.name.startswith(".") and (child / CONFIG_FILE).is_file()
     ]
     if not configs:
         raise RepositoryError(

@@ -127,6 +127,10 @@ def _session(path: Path, providers: list[Any], threads: int) -> ort.InferenceSes
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = _ORT_ERROR
+    # No spin-waiting between batches: the idle pool threads would burn the cores that the
+    # event loop needs to parse, tokenize and answer the next batch's requests. Measured on 2
+    # cores, 32 clients: ~1.5x the served throughput of spinning, same raw batch-32 speed.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), sess_options=options, providers=providers)
 
 

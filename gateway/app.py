@@ -131,7 +131,6 @@ def _lifetime(handle_signals: bool):  # type: ignore[no-untyped-def]
         upstream = Upstream(session, router, admission, rsettings, metrics=metrics)
         app[state.UPSTREAM] = upstream
         health = HealthChecker(router, session, rsettings)
-        await health.check_once()
         await health.start()
         pipeline = Pipeline(policies=policies, cache=app[state.CACHE], upstream=upstream,
                             model_version=router.model_version, metrics=metrics)

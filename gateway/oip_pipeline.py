@@ -115,6 +115,15 @@ def _with_texts(body: dict[str, Any], texts: list[str]) -> dict[str, Any]:
     return out
 
 
+def _backend_refusal(status: int, answer: Any) -> GatewayError:
+    """A backend 4xx on a request the gateway found valid: pass its status and message on."""
+    message = answer.get("error") if isinstance(answer, dict) else None
+    err = GatewayError(f"backend refused the request: {message or 'no message'}")
+    err.status = status if 400 <= status < 500 else 502
+    err.type = "backend_rejected" if err.status < 500 else "bad_gateway"
+    return err
+
+
 class OipPipeline:
     """The OIP infer path: policy, key, cache, singleflight, upstream, store."""
 
@@ -185,6 +194,8 @@ class OipPipeline:
             answer = orjson.loads(raw.body)
         except orjson.JSONDecodeError:
             raise BadGateway(f"backend {raw.backend} answered with invalid JSON") from None
+        if raw.status != 200:
+            raise _backend_refusal(raw.status, answer)
         if not isinstance(answer, dict) or not isinstance(answer.get("outputs"), list):
             raise BadGateway(f"backend {raw.backend} answered without outputs")
         answer.pop("id", None)

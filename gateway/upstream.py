@@ -22,23 +22,30 @@ Shed counts for the reasons above are recorded here; the admission queue records
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 import numpy as np
 
 from gateway.admission import Admission, Slot
-from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, Overloaded
+from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
 from gateway.metrics import GatewayMetrics
 from gateway.routing.backends import BackendState
 from gateway.routing.balancer import Outcome, Router
 from gateway.routing.config import RoutingSettings
-from gateway.routing.hedge import HedgePolicy
-from gateway.upstream_wire import error_message, infer_request_body, parse_embeddings, retry_after
+from gateway.routing.hedge import HedgePolicy, race
+from gateway.upstream_wire import (
+    Retryable,
+    classify_exception,
+    error_message,
+    exception_error,
+    infer_request_body,
+    parse_embeddings,
+    status_outcome,
+)
 
 T = TypeVar("T")
 
@@ -76,15 +83,6 @@ class _Reply:
     headers: Mapping[str, str]
     state: BackendState
     latency_s: float
-
-
-class _Retryable(Exception):
-    """An attempt failed in a way another backend may not (refused, reset, 503)."""
-
-    def __init__(self, reason: str, error: GatewayError) -> None:
-        super().__init__(error.message)
-        self.reason = reason
-        self.error = error
 
 
 def create_session(settings: RoutingSettings) -> aiohttp.ClientSession:
@@ -203,7 +201,7 @@ class Upstream:
         decode: Callable[[_Reply], T],
     ) -> T:
         tried: list[BackendState] = []
-        last: _Retryable | None = None
+        last: Retryable | None = None
         for attempt in range(2 if self._settings.retry else 1):
             admitted = await self._admit(deadline, tried)
             if admitted is None and last is not None and last.reason == "conn_error":
@@ -218,7 +216,7 @@ class Upstream:
                 self._metrics.retries.labels(last.reason).inc()
             try:
                 return await self._call(admitted, tried, path, body, request_id, deadline, decode)
-            except _Retryable as exc:
+            except Retryable as exc:
                 last = exc
         assert last is not None
         if isinstance(last.error, Overloaded):
@@ -265,43 +263,28 @@ class Upstream:
         hedge_delay = self._hedge.delay(self._router.tier_of(state)) if self._hedge else None
         if hedge_delay is None:
             return await self._attempt(state, slot, path, body, request_id, deadline, decode)
-        primary = asyncio.create_task(
-            self._attempt(state, slot, path, body, request_id, deadline, decode)
-        )
-        tasks: set[asyncio.Task[T]] = {primary}
         slots = [slot]
+
+        def spawn_hedge() -> Coroutine[Any, Any, T] | None:
+            second = self._router.pick(tried)
+            if second is None:
+                return None
+            hedge_slot = self._admission.try_acquire(self._router.tier_of(second))
+            if hedge_slot is None:  # a hedge only ever uses spare capacity
+                return None
+            tried.append(second)
+            slots.append(hedge_slot)
+            if self._metrics is not None:
+                self._metrics.hedges.inc()
+            return self._attempt(second, hedge_slot, path, body, request_id, deadline, decode)
+
         try:
-            done, _ = await asyncio.wait(tasks, timeout=hedge_delay)
-            if not done:
-                second = self._router.pick(tried)
-                hedge_slot = None
-                if second is not None:
-                    hedge_slot = self._admission.try_acquire(self._router.tier_of(second))
-                if second is not None and hedge_slot is not None:
-                    tried.append(second)
-                    slots.append(hedge_slot)
-                    if self._metrics is not None:
-                        self._metrics.hedges.inc()
-                    tasks.add(asyncio.create_task(self._attempt(
-                        second, hedge_slot, path, body, request_id, deadline, decode)))
-            error: BaseException | None = None
-            while tasks:
-                done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    exc = task.exception()
-                    if exc is None:
-                        return task.result()
-                    if error is None or task is primary:
-                        error = exc
-            assert error is not None
-            raise error
+            return await race(
+                self._attempt(state, slot, path, body, request_id, deadline, decode),
+                hedge_delay, spawn_hedge,
+            )
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            for held in slots:  # a task cancelled before it ran never released its slot
+            for held in slots:  # a copy cancelled before it ran never released its slot
                 held.release(observe=False)
 
     async def _attempt(
@@ -328,9 +311,9 @@ class Upstream:
                     raw = await resp.read()
                     reply = _Reply(resp.status, raw, resp.headers, state, self._clock() - start)
             except (aiohttp.ClientError, TimeoutError) as exc:
-                outcome = self._classify(exc, scope.expired())
-                raise self._convert(state, outcome, exc) from None
-            outcome, error = self._status_outcome(reply)
+                outcome = classify_exception(exc, deadline_passed=scope.expired())
+                raise exception_error(state.name, outcome, exc) from None
+            outcome, error = status_outcome(reply.status, reply.headers, reply.body, state.name)
             if error is not None:
                 raise error
             try:
@@ -350,50 +333,6 @@ class Upstream:
                 self._metrics.upstream_duration.labels(
                     state.name, state.spec.zone, outcome).observe(latency)
                 self._metrics.backend_requests.labels(state.name, state.spec.zone, outcome).inc()
-
-    @staticmethod
-    def _classify(exc: BaseException, deadline_passed: bool) -> Outcome:
-        if deadline_passed:
-            return "cancelled"
-        if isinstance(exc, aiohttp.ConnectionTimeoutError):
-            return "conn_error"
-        if isinstance(exc, TimeoutError):  # aiohttp's total (read) timeout
-            return "timeout"
-        if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError):
-            return "conn_error"
-        return "error"
-
-    @staticmethod
-    def _convert(state: BackendState, outcome: Outcome, exc: BaseException) -> Exception:
-        name = state.name
-        if outcome == "cancelled":
-            return DeadlineExceeded("deadline passed while waiting for the backend")
-        if outcome == "timeout":
-            return DeadlineExceeded(f"backend {name} did not answer within the read timeout")
-        if outcome == "conn_error":
-            return _Retryable("conn_error", BadGateway(
-                f"could not reach backend {name}: {type(exc).__name__}"))
-        return BadGateway(f"backend {name} failed: {type(exc).__name__}")
-
-    @staticmethod
-    def _status_outcome(reply: _Reply) -> tuple[Outcome, Exception | None]:
-        """The outcome of a complete HTTP answer, and the error to raise unless it is usable.
-
-        2xx and 4xx count as "ok" for the router: the backend is alive and answering.
-        """
-        status, name = reply.status, reply.state.name
-        if status == 503:
-            return "overloaded", _Retryable("overloaded", Overloaded(
-                f"backend {name} is overloaded", reason="backend_overloaded",
-                retry_after_s=retry_after(reply.headers),
-            ))
-        if status == 504:  # the backend's own queue deadline fired: overload, not breakage
-            return "overloaded", DeadlineExceeded(
-                f"backend {name} dropped the request: deadline passed in its queue")
-        if 200 <= status < 300 or 400 <= status < 500:
-            return "ok", None
-        return "error", BadGateway(
-            f"backend {name} answered {status}: {error_message(reply.body)}")
 
     def _decode_embeddings(self, model: str, n: int, reply: _Reply) -> InferResult:
         state = reply.state

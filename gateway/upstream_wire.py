@@ -1,8 +1,9 @@
 """The OIP v2 wire format as the upstream client speaks it: request bodies and answer checks.
 
-Pure functions over bytes and headers (no I/O): what goes out to a backend, and whether what
-came back is an answer the gateway may use. A malformed answer raises ``BadGateway`` naming the
-backend and the fault, never the request's text.
+Pure functions over bytes, headers and exceptions (no I/O): what goes out to a backend, whether
+what came back is an answer the gateway may use, and how each failure counts for the router and
+which gateway error it becomes. A malformed answer raises ``BadGateway`` naming the backend and
+the fault, never the request's text.
 """
 
 from __future__ import annotations
@@ -13,10 +14,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import numpy as np
 import orjson
 
-from gateway.errors import BadGateway
+from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, Overloaded
+from gateway.routing.balancer import Outcome
+
+
+class Retryable(Exception):
+    """An attempt failed in a way another backend may not (refused, reset, 503)."""
+
+    def __init__(self, reason: str, error: GatewayError) -> None:
+        super().__init__(error.message)
+        self.reason = reason
+        self.error = error
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +122,8 @@ def parse_embeddings(
             or not isinstance(shape[1], int) or shape[1] < 1):
         raise BadGateway(f"backend {backend} answered an output that is not FP32 [{n}, dim]")
     try:
-        vectors = np.asarray(out.get("data"), dtype=np.float32).reshape(n, shape[1])
+        with np.errstate(over="ignore", invalid="ignore"):  # caught below as non-finite
+            vectors = np.asarray(out.get("data"), dtype=np.float32).reshape(n, shape[1])
     except (TypeError, ValueError):
         raise BadGateway(f"backend {backend} answered data that does not fit its shape") from None
     if not np.isfinite(vectors).all():
@@ -126,3 +139,48 @@ def parse_embeddings(
         model_version=version if isinstance(version, str) else None,
         token_counts=_token_counts(doc, outputs, n),
     )
+
+
+def classify_exception(exc: BaseException, *, deadline_passed: bool) -> Outcome:
+    """How a transport failure counts for the router."""
+    if deadline_passed:
+        return "cancelled"  # the client's deadline, not the backend's fault
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return "conn_error"
+    if isinstance(exc, TimeoutError):  # aiohttp's total (read) timeout
+        return "timeout"
+    if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError):
+        return "conn_error"
+    return "error"
+
+
+def exception_error(backend: str, outcome: Outcome, exc: BaseException) -> Exception:
+    """The gateway error for a transport failure (``Retryable`` when another backend may do)."""
+    if outcome == "cancelled":
+        return DeadlineExceeded("deadline passed while waiting for the backend")
+    if outcome == "timeout":
+        return DeadlineExceeded(f"backend {backend} did not answer within the read timeout")
+    if outcome == "conn_error":
+        return Retryable("conn_error", BadGateway(
+            f"could not reach backend {backend}: {type(exc).__name__}"))
+    return BadGateway(f"backend {backend} failed: {type(exc).__name__}")
+
+
+def status_outcome(
+    status: int, headers: Mapping[str, str], body: bytes, backend: str
+) -> tuple[Outcome, Exception | None]:
+    """How a complete HTTP answer counts for the router, and the error unless it is usable.
+
+    2xx and 4xx count as "ok": the backend is alive and answering.
+    """
+    if status == 503:
+        return "overloaded", Retryable("overloaded", Overloaded(
+            f"backend {backend} is overloaded", reason="backend_overloaded",
+            retry_after_s=retry_after(headers),
+        ))
+    if status == 504:  # the backend's own queue deadline fired: overload, not breakage
+        return "overloaded", DeadlineExceeded(
+            f"backend {backend} dropped the request: deadline passed in its queue")
+    if 200 <= status < 300 or 400 <= status < 500:
+        return "ok", None
+    return "error", BadGateway(f"backend {backend} answered {status}: {error_message(body)}")

@@ -16,6 +16,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import onnx
+import onnxruntime as ort
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail
+from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as OrtNotImplemented
 
 from backend.modelbuild.bert_graph import ATTENTION_MASK, INPUT_IDS
 from backend.modelbuild.errors import ModelBuildError
@@ -32,17 +35,16 @@ _PROBE = (
 MIN_COSINE = {"fp32": 0.9999, "fp16": 0.999, "int8": 0.95}
 
 
-def _session(model: onnx.ModelProto | Path) -> object:
-    import onnxruntime as ort
-
+def _session(model: onnx.ModelProto | Path) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3  # the build's own messages say what matters
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-def _embed(session: object, feeds: Mapping[str, npt.NDArray[np.int64]]) -> npt.NDArray[np.float32]:
-    out: npt.NDArray[np.float32] = session.run(None, dict(feeds))[0]  # type: ignore[attr-defined]
+def _embed(session: ort.InferenceSession,
+           feeds: Mapping[str, npt.NDArray[np.int64]]) -> npt.NDArray[np.float32]:
+    out: npt.NDArray[np.float32] = session.run(None, dict(feeds))[0]
     return out
 
 
@@ -52,15 +54,13 @@ def check_variants(reference: onnx.ModelProto, files: Mapping[str, Path],
 
     An fp16 model that the CPU provider cannot run is only logged: it is meant for the GPU.
     """
-    from onnxruntime.capi.onnxruntime_pybind11_state import Fail, NotImplemented
-
     input_ids, attention_mask = tokenizer.encode(_PROBE)
     feeds = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}
     expected = _embed(_session(reference), feeds)
     for variant, path in files.items():
         try:
             got = _embed(_session(path), feeds)
-        except (Fail, NotImplemented) as exc:
+        except (Fail, OrtNotImplemented) as exc:
             if variant == "fp16":
                 logger.warning("fp16 variant not checked: the CPU provider cannot run it (%s)",
                                str(exc).splitlines()[0])

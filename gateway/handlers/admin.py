@@ -27,6 +27,7 @@ from gateway.cache.base import CacheUnavailable
 from gateway.errors import BadRequest, GatewayError, Unauthorized, ValidationFailed
 from gateway.keys import CacheKey
 from gateway.middleware import request_id_of
+from gateway.policy.loader import PolicyError
 from gateway.policy.model import SHARED_SCOPE, Policy
 
 log = logging.getLogger("gateway.admin")
@@ -207,9 +208,9 @@ async def reload_policies(request: web.Request, params: Params) -> web.Response:
     store = request.app[state.POLICIES]
     try:
         await store.reload()
-    except PolicyInvalid as exc:
-        errors = [{"file": e.file, "line": e.line, "field": e.field, "message": e.message}
-                  for e in exc.errors]
+    except PolicyError as exc:
+        errors = [{"file": e.file, "line": e.line, "field": e.field, "message": e.message,
+                   "severity": e.severity} for e in exc.errors]
         params["errors"] = len(errors)
         active = store.active
         return _json({"error": {

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import PolicyRejected, ValidationFailed
-from gateway.policy.model import DETECTOR_NAMES, SHARED_SCOPE, Policy, Rule
+from gateway.policy.detectors import Shape
+from gateway.policy.model import DETECTOR_NAMES, SHARED_SCOPE, Normalization, Policy, Rule
 from gateway.policy.normalize import canonical, limit
-from gateway.policy.pii import Finding, redact, scan
+from gateway.policy.pii import Finding, redact, scan, scan_shape
 
 # Detection looks a little past a truncation point, so a value cut in half still counts.
 _SCAN_MARGIN = 256
@@ -79,17 +80,36 @@ class Decision:
         }
 
 
+def _canonical_ascii(text: str, norm: Normalization) -> tuple[str, Shape | None]:
+    """The hot path: ASCII text under whitespace collapse. The detectors' shape of the text also
+    shows whether it is already canonical, so clean text is neither copied nor scanned twice."""
+    if norm.casefold:
+        text = text.lower()
+    shape = Shape(text)
+    if "\t" in shape.digits or "  " in text or text[:1] == " " or text[-1:] == " ":
+        return canonical(text, norm), None
+    return text, shape
+
+
 def _item(text: str, rule: Rule, field: str) -> ItemDecision:
     norm = rule.normalization
     privacy = rule.privacy
-    full = canonical(text, norm)
+    shape: Shape | None = None
+    if privacy.names and norm.whitespace == "collapse" and text.isascii():
+        full, shape = _canonical_ascii(text, norm)
+    else:
+        full = canonical(text, norm)
     text = limit(full, norm, field=field)
     if not privacy.names:
         return ItemDecision(text=text, store=rule.cache)
     cut = len(text) < len(full)
-    findings = scan(full[: len(text) + _SCAN_MARGIN] if cut else text, privacy.names)
-    if cut:  # values wholly past the cut are not sent anywhere
-        findings = [f for f in findings if f.start < len(text)]
+    if cut:  # scan a little past the cut; values wholly past it are not sent anywhere
+        findings = [f for f in scan(full[: len(text) + _SCAN_MARGIN], privacy.names)
+                    if f.start < len(text)]
+    elif shape is not None:
+        findings = scan_shape(shape, privacy.names)
+    else:
+        findings = scan(text, privacy.names)
     if not findings:
         return ItemDecision(text=text, store=rule.cache)
     actions = privacy.detectors

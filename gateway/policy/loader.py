@@ -25,7 +25,7 @@ from jsonschema import Draft202012Validator
 
 from gateway.policy.model import DETECTOR_NAMES, Match, Normalization, Policy, Privacy, Rule
 from gateway.policy.schema import SCHEMA
-from gateway.policy.yamlpos import Located, describe_error, locate
+from gateway.policy.yamlpos import describe, parse
 
 BASE: dict[str, Any] = {
     "cache": True, "scope": "tenant", "ttl_s": 3600.0, "stale_while_revalidate_s": 0.0,
@@ -155,12 +155,14 @@ def _load_file(path: Path, issues: list[PolicyIssue]) -> _File | None:
     except (OSError, UnicodeDecodeError) as exc:
         issues.append(PolicyIssue(name, None, "(file)", f"cannot read: {exc}"))
         return None
-    doc = locate(text, name, issues, loader=_Loader)
+    doc, problems = parse(text, _Loader)
     if doc is None:
+        issues.extend(PolicyIssue(name, line, field, msg) for line, field, msg in problems)
         return None
-    found = [describe_error(err, doc) for err in _VALIDATOR.iter_errors(doc.data)]
+    found = sorted((p for err in _VALIDATOR.iter_errors(doc.data) for p in describe(err, doc)),
+                   key=lambda p: (p[0] or 0, p[1]))
     if found:
-        issues.extend(i for group in found for i in group)
+        issues.extend(PolicyIssue(name, line, field, msg) for line, field, msg in found)
         return None
     data: dict[str, Any] = doc.data
     base = _merge(BASE, data.get("defaults", {}))

@@ -14,10 +14,10 @@ Detectors see only ASCII digits; findings are half-open character ranges into th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from gateway.policy import detectors as d
+from gateway.policy.detectors import Shape, detect
 from gateway.policy.model import DETECTOR_NAMES
 
 DETECTORS: tuple[str, ...] = DETECTOR_NAMES
@@ -25,14 +25,6 @@ LABELS: dict[str, str] = {
     "email": "[EMAIL]", "phone": "[PHONE]", "card": "[CARD]", "us_ssn": "[SSN]",
     "iban": "[IBAN]", "ip": "[IP]", "secret": "[SECRET]",
 }
-
-_FINDERS: dict[str, Callable[[d.Shape], Iterator[tuple[int, int]]]] = {
-    "email": d.email, "phone": d.phone, "card": d.card, "us_ssn": d.us_ssn,
-    "iban": d.iban, "ip": d.ip, "secret": d.secret,
-}
-# Detectors that cannot fire on text without an ASCII digit (IPv6 can: "fe::ab").
-_DIGITS_NEEDED = frozenset({"phone", "card", "us_ssn", "iban"})
-
 
 @dataclass(frozen=True, slots=True)
 class Finding:
@@ -50,24 +42,25 @@ def scan(text: str, detectors: Collection[str]) -> list[Finding]:
     """
     if not text or not detectors:
         return []
-    shape = d.Shape(text)
-    has_digit = b"0" in shape.digits
+    return scan_shape(Shape(text), detectors)
+
+
+def scan_shape(shape: Shape, detectors: Collection[str]) -> list[Finding]:
+    """``scan`` for a text whose ``Shape`` the caller already built."""
+    spans = detect(shape, detectors)
+    if not spans:
+        return []
+    spans.sort(key=lambda s: (s[0], s[1], -s[2]))
     found: list[Finding] = []
-    for name in DETECTORS:
-        if name not in detectors or (not has_digit and name in _DIGITS_NEEDED):
-            continue
-        spans = sorted(_FINDERS[name](shape))
-        if not spans:
-            continue
-        # One value can be seen by two forms (+44 20... and 020...): merge a detector's overlaps.
-        start, end = spans[0]
-        for s, e in spans[1:]:
-            if s < end:
-                end = max(end, e)
-            else:
-                found.append(Finding(name, start, end))
-                start, end = s, e
-        found.append(Finding(name, start, end))
+    # One value can be seen by two forms (+44 20... and 020...): merge a detector's overlaps.
+    name, start, end = spans[0]
+    for n, s, e in spans[1:]:
+        if n == name and s < end:
+            end = max(end, e)
+        else:
+            found.append(Finding(name, start, end))
+            name, start, end = n, s, e
+    found.append(Finding(name, start, end))
     if len(found) > 1:
         found.sort(key=lambda f: (f.start, -f.end))
     return found

@@ -92,7 +92,8 @@ class RoutingSettings:
         connect_timeout_s: TCP connect timeout to a backend.
         read_timeout_s: longest time one backend call may take (the request deadline may cut it
             shorter).
-        pool_size: keep-alive connection pool size, in total and per backend.
+        pool_size: keep-alive connection pool size, in total and per backend; keep it above
+            ``tier_concurrency`` so health checks never wait behind traffic for a connection.
         retry: retry once on another backend after a connection failure or a backend 503.
         hedge_after_p95: after the tier's observed p95, send a second copy to another backend and
             take the first answer.

@@ -2,15 +2,21 @@
 
 The p95 comes from a sliding window of successful call latencies per tier, recomputed every few
 samples rather than per call. Hedging starts only after ``hedge_min_samples`` samples, so a cold
-tier never doubles its load on a guess. Which backend takes the copy, and whether a free slot
-exists for it, is the caller's business.
+tier never doubles its load on a guess. ``race`` runs a call and its hedged copy; which
+backend takes the copy, and whether a free slot exists for it, is the caller's business.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from gateway.routing.config import RoutingSettings
+
+T = TypeVar("T")
 
 _WINDOW = 256  # latencies kept per tier
 _REFRESH = 16  # new samples before the p95 is recomputed
@@ -43,3 +49,39 @@ class HedgePolicy:
             self._p95[tier] = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
             self._fresh[tier] = 0
         return self._p95[tier]
+
+
+async def race(
+    primary: Coroutine[Any, Any, T],
+    delay: float,
+    spawn_hedge: Callable[[], Coroutine[Any, Any, T] | None],
+) -> T:
+    """Run ``primary``; if it is still running after ``delay``, start ``spawn_hedge()`` (when it
+    offers a copy) and return the first success, cancelling the other. When every copy fails,
+    the primary's error is raised. Cancelling the race cancels both.
+    """
+    first = asyncio.create_task(primary)
+    tasks: set[asyncio.Task[T]] = {first}
+    try:
+        done, _ = await asyncio.wait(tasks, timeout=delay)
+        if not done:
+            copy = spawn_hedge()
+            if copy is not None:
+                tasks.add(asyncio.create_task(copy))
+        error: BaseException | None = None
+        while tasks:
+            done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                exc = task.exception()
+                if exc is None:
+                    return task.result()
+                if error is None or task is first:
+                    error = exc
+        assert error is not None
+        raise error
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ async def infer(client: TestClient[Any, Any], texts: list[str], *,
 
 
 def embeddings_of(body: dict[str, Any]) -> np.ndarray[Any, np.dtype[np.float32]]:
-    (output,) = body["outputs"]
+    (output,) = [o for o in body["outputs"] if o["name"] == "embedding"]
     return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
 
 
@@ -98,7 +99,7 @@ async def test_infer_matches_the_reference_embeddings(
 ) -> None:
     items = reference["items"]
     texts = [item["text"] for item in items]
-    response, body = await infer(client, texts, id="ref-1")
+    _, body = await infer(client, texts, id="ref-1")
     assert body["model_name"] == "minilm" and body["model_version"] == "1"
     assert body["id"] == "ref-1"
     got = embeddings_of(body)
@@ -132,7 +133,8 @@ async def test_metadata_and_health_routes(client: TestClient[Any, Any]) -> None:
         assert meta == {
             "name": "minilm", "versions": ["1"], "platform": "onnxruntime_onnx",
             "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
-            "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}],
+            "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]},
+                        {"name": "token_count", "datatype": "INT32", "shape": [-1]}],
         }
         model_ready = await client.get(path + "/ready")
         assert await model_ready.json() == {"name": "minilm", "ready": True}
@@ -152,7 +154,13 @@ async def test_outputs_filter_and_row_major_nested_input(client: TestClient[Any,
             "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}]}
     response = await client.post("/v2/models/minilm/infer", json=body)
     assert response.status == 200
-    assert embeddings_of(await response.json()).shape == (2, 384)
+    answer = await response.json()
+    assert embeddings_of(answer).shape == (2, 384)
+    assert [o["name"] for o in answer["outputs"]] == ["embedding"]
+    body["outputs"] = [{"name": "token_count"}]
+    response = await client.post("/v2/models/minilm/infer", json=body)
+    (counts,) = (await response.json())["outputs"]
+    assert counts == {"name": "token_count", "datatype": "INT32", "shape": [2], "data": [3, 3]}
     body["outputs"] = []
     response = await client.post("/v2/models/minilm/infer", json=body)
     assert (await response.json())["outputs"] == []
@@ -165,6 +173,21 @@ async def test_standard_client_bodies_without_json_content_type(
     for headers in ({}, {"Content-Type": "application/octet-stream"}):
         response = await client.post("/v2/models/minilm/infer", data=raw, headers=headers)
         assert response.status == 200, await response.text()
+    # tritonclient's default: BYTES input in Triton's binary extension after the JSON header.
+    texts = ["x", "naïve café"]
+    binary = b"".join(struct.pack("<I", len(t.encode())) + t.encode() for t in texts)
+    header = orjson.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
+                                       "parameters": {"binary_data_size": len(binary)}}],
+                           "outputs": [{"name": "embedding",
+                                        "parameters": {"binary_data": True}}]})
+    response = await client.post(
+        "/v2/models/minilm/infer", data=header + binary,
+        headers={"Inference-Header-Content-Length": str(len(header)),
+                 "Content-Type": "application/octet-stream"},
+    )
+    assert response.status == 200, await response.text()
+    _, plain = await infer(client, texts)
+    assert np.allclose(embeddings_of(await response.json()), embeddings_of(plain), atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -219,7 +242,7 @@ async def test_texts_split_across_batches_come_back_in_order(
     client: TestClient[Any, Any], models: list[EmbeddingModel]
 ) -> None:
     # Lengths vary so that length grouping reorders items inside batches.
-    texts = [("word " * (1 + (i * 37) % 60)) + str(i) for i in range(80)]
+    texts = [("word " * (1 + (i * 37) % 25)) + str(i) for i in range(40)]
     _, body = await infer(client, texts)
     got = embeddings_of(body)
     assert body["parameters"]["batch_size"] <= 32
@@ -257,22 +280,28 @@ async def test_queue_full_answers_503_with_retry_after(models: list[EmbeddingMod
 async def test_expired_request_is_answered_504_and_never_computed(
     models: list[EmbeddingModel],
 ) -> None:
-    async with serving(models, max_batch_size=4) as client:
+    async with serving(models, max_batch_size=2) as client:
         before = metric(await (await client.get("/metrics")).text(), "backend_batch_size_sum")
-        big = asyncio.create_task(infer(client, [LONG] * 8))
-        await asyncio.sleep(0.05)
+        big = asyncio.create_task(infer(client, [LONG] * 4))
+        for _ in range(500):  # until the big request's second batch is waiting
+            text = await (await client.get("/metrics")).text()
+            if metric(text, "backend_queue_depth", model="minilm") > 0:
+                break
+            await asyncio.sleep(0.002)
+        # Its 20 ms run out while the big request's batches (2 x 256 tokens each) compute;
+        # length grouping keeps the big request's own texts together, oldest first.
         late = await client.post("/v2/models/minilm/infer", json=infer_body(["late"]),
                                  headers={"X-Request-Timeout-Ms": "20"})
         assert late.status == 504
         assert "deadline" in (await late.json())["error"]
         await big
         after = metric(await (await client.get("/metrics")).text(), "backend_batch_size_sum")
-        assert after - before == 8  # the big request's texts only
+        assert after - before == 4  # the big request's texts only
 
 
 async def test_not_ready_while_warming_up(models: list[EmbeddingModel]) -> None:
-    async with serving(models, wait_ready=False, warmup_lengths=(256,),
-                       warmup_batch_sizes=(1, 32)) as client:
+    async with serving(models, wait_ready=False, warmup_lengths=(128, 256),
+                       warmup_batch_sizes=(1, 4)) as client:
         first = await client.get("/v2/health/ready")
         assert first.status == 503
         assert (await first.json())["ready"] is False
@@ -320,11 +349,12 @@ async def test_openai_errors_use_openai_shape(client: TestClient[Any, Any]) -> N
 
 async def test_metrics_are_exposed(client: TestClient[Any, Any]) -> None:
     await infer(client, ["count me"])
+    assert (await client.post("/v2/models/ghost/infer", json=infer_body(["x"]))).status == 404
     response = await client.get("/metrics")
     assert response.status == 200 and response.content_type == "text/plain"
     text = await response.text()
     assert metric(text, "backend_requests_total", model="minilm", status="200") >= 1
-    assert metric(text, "backend_requests_total", model="unknown", status="404") >= 0
+    assert metric(text, "backend_requests_total", model="unknown", status="404") >= 1
     for name in ("backend_queue_seconds_count", "backend_compute_seconds_count",
                  "backend_batch_size_count"):
         assert metric(text, name, model="minilm") >= 1, name

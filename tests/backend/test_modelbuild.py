@@ -16,6 +16,8 @@ import numpy.typing as npt
 import onnx
 import onnxruntime as ort
 import pytest
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail
+from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as OrtNotImplemented
 
 from backend.modelbuild import ModelBuildError, build_model
 from backend.modelbuild.weights import MINILM, WeightsPackage, locate
@@ -70,10 +72,21 @@ def embedders(minilm: Path, config: dict[str, Any]) -> dict[str, Embedder]:
     options.log_severity_level = 3
     found = {}
     for variant, filename in config["variants"].items():
-        session = ort.InferenceSession(str(minilm / filename), options,
-                                       providers=["CPUExecutionProvider"])
+        try:
+            session = ort.InferenceSession(str(minilm / filename), options,
+                                           providers=["CPUExecutionProvider"])
+        except (Fail, OrtNotImplemented):
+            if variant != "fp16":
+                raise
+            continue  # some ONNX Runtime CPU builds lack fp16 kernels: fp16 is for the GPU
         found[variant] = Embedder(session, tokenizer)
     return found
+
+
+def embedder(embedders: dict[str, Embedder], variant: str) -> Embedder:
+    if variant not in embedders:
+        pytest.skip(f"the CPU provider of this ONNX Runtime cannot run the {variant} model")
+    return embedders[variant]
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +123,7 @@ def test_config_has_the_documented_keys(minilm: Path, config: dict[str, Any]) ->
 
 @pytest.mark.parametrize("variant", ["fp32", "int8", "fp16"])
 def test_every_variant_keeps_the_signature(embedders: dict[str, Embedder], variant: str) -> None:
-    session = embedders[variant].session
+    session = embedder(embedders, variant).session
     inputs = [(i.name, i.type, len(i.shape)) for i in session.get_inputs()]
     assert inputs == [("input_ids", "tensor(int64)", 2), ("attention_mask", "tensor(int64)", 2)]
     assert all(isinstance(dim, str) for i in session.get_inputs() for dim in i.shape)
@@ -124,7 +137,7 @@ def test_embeddings_match_sentence_transformers(
     embedders: dict[str, Embedder], reference_items: tuple[list[str], Floats], variant: str
 ) -> None:
     texts, expected = reference_items
-    got = embedders[variant](texts)
+    got = embedder(embedders, variant)(texts)
     assert got.dtype == np.float32 and got.shape == (len(texts), 384)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-3)
     assert cosines(got, expected).min() >= MIN_COSINE_TO_REFERENCE[variant]
@@ -135,7 +148,7 @@ def test_single_and_batched_agree(
     embedders: dict[str, Embedder], reference_items: tuple[list[str], Floats], variant: str
 ) -> None:
     texts, _ = reference_items
-    embed = embedders[variant]
+    embed = embedder(embedders, variant)
     # Every text shares its batch with longer ones, so its row is padded.
     batched = embed([*texts, " ".join(texts)])[: len(texts)]
     alone = np.concatenate([embed([text]) for text in texts])

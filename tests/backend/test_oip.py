@@ -99,7 +99,7 @@ def test_bad_requests_are_rejected_with_a_reason(body: Any, message: str) -> Non
 
 
 def test_response_echoes_id_and_flattens_row_major() -> None:
-    embeddings = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+    embeddings = (np.arange(8, dtype=np.float32) / 8).reshape(2, 4).astype(np.float32)
     request = oip.InferRequest("abc", ["a", "b"], None)
     body = orjson.loads(oip.encode_infer_response(
         config=CONFIG, request=request, embeddings=embeddings,
@@ -112,6 +112,18 @@ def test_response_echoes_id_and_flattens_row_major() -> None:
     assert output["name"] == "embedding" and output["datatype"] == "FP32"
     assert output["shape"] == [2, 4]
     assert output["data"] == pytest.approx(embeddings.reshape(-1).tolist())
+
+
+def test_response_reports_token_counts_as_a_second_output() -> None:
+    request = oip.InferRequest(None, ["a", "b c"], None)
+    body = orjson.loads(oip.encode_infer_response(
+        config=CONFIG, request=request, embeddings=np.zeros((2, 4), np.float32),
+        parameters={}, token_counts=[3, 4],
+    ))
+    names = [o["name"] for o in body["outputs"]]
+    assert names == ["embedding", "token_count"]
+    assert body["outputs"][1] == {"name": "token_count", "datatype": "INT32", "shape": [2],
+                                  "data": [3, 4]}
 
 
 def test_response_without_id_and_with_no_outputs_requested() -> None:
@@ -127,7 +139,8 @@ def test_model_metadata_object() -> None:
     assert oip.model_metadata(CONFIG) == {
         "name": "minilm", "versions": ["1"], "platform": "onnxruntime_onnx",
         "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
-        "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 4]},
+                    {"name": "token_count", "datatype": "INT32", "shape": [-1]}],
     }
 
 

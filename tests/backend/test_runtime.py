@@ -65,7 +65,7 @@ def test_auto_falls_back_to_cpu_with_one_clear_log_line(
 
 @needs_no_gpu
 def test_device_cuda_without_a_gpu_says_why(config_dir: Path) -> None:
-    with pytest.raises(DeviceUnavailable, match="--device cuda: no working GPU: .+"):
+    with pytest.raises(DeviceUnavailable, match=r"--device cuda: no working GPU: .+"):
         create_runtime(load_config(config_dir), device="cuda", threads=1)
 
 
@@ -126,7 +126,7 @@ def test_empty_or_missing_repository_says_how_to_build(tmp_path: Path) -> None:
 
 def test_missing_variant_file_is_refused(tmp_path: Path, config_dir: Path) -> None:
     config = load_config(broken_copy(tmp_path, config_dir))
-    with pytest.raises(RepositoryError, match="file .* is missing"):
+    with pytest.raises(RepositoryError, match=r"file .* is missing"):
         config.variant_path("fp32")
 
 

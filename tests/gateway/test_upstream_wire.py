@@ -1,0 +1,116 @@
+"""The upstream wire format: request bodies, answer checks and failure mapping (pure)."""
+
+from __future__ import annotations
+
+import aiohttp
+import numpy as np
+import orjson
+import pytest
+
+from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
+from gateway.upstream_wire import (
+    Retryable,
+    classify_exception,
+    error_message,
+    exception_error,
+    infer_request_body,
+    parse_embeddings,
+    retry_after,
+    server_timing,
+    status_outcome,
+)
+
+
+def answer(**overrides: object) -> bytes:
+    doc: dict[str, object] = {
+        "model_name": "minilm", "model_version": "3",
+        "parameters": {"queue_time_ms": 0.25, "compute_time_ms": 2.0, "batch_size": 2},
+        "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [2, 3],
+                     "data": [1, 2, 3, 4, 5, 6]}],
+    }
+    doc.update(overrides)
+    return orjson.dumps(doc)
+
+
+def test_request_body_is_one_bytes_tensor() -> None:
+    doc = orjson.loads(infer_request_body(["a", "b"]))
+    assert doc == {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
+                               "data": ["a", "b"]}]}
+
+
+def test_good_answer_parses_with_timings_version_and_tokens() -> None:
+    got = parse_embeddings(answer(), {}, 2, "b1")
+    assert got.vectors.dtype == np.float32
+    np.testing.assert_array_equal(got.vectors, [[1, 2, 3], [4, 5, 6]])
+    assert (got.queue_ms, got.compute_ms, got.model_version) == (0.25, 2.0, "3")
+    assert got.token_counts is None
+    tokens = {"name": "token_count", "datatype": "INT64", "shape": [2], "data": [4, 7]}
+    body = answer(outputs=[*orjson.loads(answer())["outputs"], tokens], parameters={})
+    got = parse_embeddings(body, {"Server-Timing": "queue;dur=1.5, compute;dur=9"}, 2, "b1")
+    assert got.token_counts == [4, 7]
+    assert (got.queue_ms, got.compute_ms) == (1.5, 9.0)  # from Server-Timing
+
+
+@pytest.mark.parametrize(
+    ("body", "fault"),
+    [
+        (b"{nope", "invalid JSON"),
+        (b"[]", "without outputs"),
+        (answer(outputs=[]), "without outputs"),
+        (answer(outputs=["x"]), "not FP32"),
+        (answer(outputs=[{"name": "embedding", "datatype": "FP16", "shape": [2, 3],
+                          "data": [0] * 6}]), "not FP32"),
+        (answer(outputs=[{"name": "embedding", "datatype": "FP32", "shape": [3, 2],
+                          "data": [0] * 6}]), "not FP32"),
+        (answer(outputs=[{"name": "embedding", "datatype": "FP32", "shape": [2, 3],
+                          "data": [0] * 5}]), "does not fit"),
+        (answer(outputs=[{"name": "embedding", "datatype": "FP32", "shape": [2, 3],
+                          "data": [0, 0, 0, 0, 0, None]}]), "non-finite|does not fit"),
+        (answer(outputs=[{"name": "embedding", "datatype": "FP32", "shape": [2, 3],
+                          "data": [0, 0, 0, 0, 0, "x"]}]), "does not fit"),
+        (answer(outputs=[{"name": "embedding", "datatype": "FP32", "shape": [2, 3],
+                          "data": [0, 0, 0, 0, 0, 1e39]}]), "non-finite"),
+    ],
+)
+def test_bad_answers_are_bad_gateway(body: bytes, fault: str) -> None:
+    with pytest.raises(BadGateway, match=fault) as info:
+        parse_embeddings(body, {}, 2, "b1")
+    assert "b1" in info.value.message
+
+
+def test_bad_timing_parameters_fall_back() -> None:
+    got = parse_embeddings(answer(parameters={"queue_time_ms": "x"}), {}, 2, "b1")
+    assert got.queue_ms == 0.0
+
+
+def test_small_header_and_body_helpers() -> None:
+    assert retry_after({"Retry-After": "7"}) == 7.0
+    assert retry_after({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 1.0
+    assert retry_after({}) == 1.0
+    assert server_timing({"Server-Timing": "queue;dur=1, compute;desc=x;dur=2, bad;dur=z"}) == {
+        "queue": 1.0, "compute": 2.0}
+    assert error_message(b'{"error": "shape mismatch"}') == "shape mismatch"
+    assert error_message(b"plain text") == "plain text"
+
+
+def test_status_and_exception_mapping() -> None:
+    outcome, error = status_outcome(503, {"Retry-After": "4"}, b"", "b1")
+    assert outcome == "overloaded" and isinstance(error, Retryable)
+    assert isinstance(error.error, Overloaded) and error.error.retry_after_s == 4.0
+    outcome, error = status_outcome(504, {}, b"", "b1")
+    assert outcome == "overloaded" and isinstance(error, DeadlineExceeded)
+    assert status_outcome(200, {}, b"", "b1") == ("ok", None)
+    assert status_outcome(404, {}, b"", "b1") == ("ok", None)
+    outcome, error = status_outcome(500, {}, b'{"error": "boom"}', "b1")
+    assert outcome == "error" and isinstance(error, BadGateway) and "boom" in error.message
+
+    assert classify_exception(TimeoutError(), deadline_passed=True) == "cancelled"
+    assert classify_exception(TimeoutError(), deadline_passed=False) == "timeout"
+    assert classify_exception(aiohttp.ConnectionTimeoutError(), deadline_passed=False) == (
+        "conn_error")
+    assert classify_exception(aiohttp.ServerDisconnectedError(), deadline_passed=False) == (
+        "conn_error")
+    assert classify_exception(aiohttp.ClientError(), deadline_passed=False) == "error"
+    assert isinstance(exception_error("b1", "conn_error", OSError()), Retryable)
+    assert isinstance(exception_error("b1", "timeout", OSError()), DeadlineExceeded)
+    assert isinstance(exception_error("b1", "error", OSError()), BadGateway)
