@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
-from gateway.policy import default_policy, evaluate
+# Run as a script, bench/ is first on sys.path and bench/gateway.py would shadow the package.
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from gateway.policy import default_policy, evaluate  # noqa: E402
 
 PROSE = (
     "Thanks for reaching out about order #48213 placed on 2024-03-14. The package shipped via "

@@ -61,7 +61,7 @@ class GatewayMetrics:
         )
         self.compute_saved = Counter(
             "gateway_compute_saved_seconds_total",
-            "Backend compute time that cache hits avoided (the compute time stored with the entry).",
+            "Backend compute time that cache hits avoided (compute time stored with the entry).",
             ["model"], registry=reg,
         )
         self.coalesced = Counter(

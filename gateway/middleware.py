@@ -21,13 +21,13 @@ from gateway.metrics import GatewayMetrics
 log = logging.getLogger("gateway.access")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-REQUEST_ID = "gateway.request_id"
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
+TENANT: web.RequestKey[str] = web.RequestKey("tenant", str)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 def request_id_of(request: web.Request) -> str:
-    rid: str = request.get(REQUEST_ID, "")
-    return rid
+    return request.get(REQUEST_ID, "")
 
 
 def error_response(exc: GatewayError, request_id: str) -> web.Response:
@@ -80,7 +80,7 @@ def make_error_middleware(metrics: GatewayMetrics) -> Callable[..., Awaitable[we
             log.info("request", extra={
                 "request_id": rid, "method": request.method, "route": route,
                 "status": response.status, "cache": cache,
-                "tenant": request.get("gateway.tenant", ""),
+                "tenant": request.get(TENANT, ""),
                 "duration_ms": round(elapsed * 1000.0, 3),
             })
         return response

@@ -142,7 +142,8 @@ class OipPipeline:
         canonical = orjson.dumps(outgoing, option=orjson.OPT_SORT_KEYS)
         key = derive_key(route=ctx.route, model=model,
                          model_version=self.model_version(model) or "unknown",
-                         scope=decision.scope, normalization=decision.rule.normalization.fingerprint,
+                         scope=decision.scope,
+                         normalization=decision.rule.normalization.fingerprint,
                          canonical=canonical)
         rule = decision.rule
         use_cache = decision.cache and ctx.directives.may_write
@@ -213,7 +214,7 @@ class OipPipeline:
 
     async def _refresh(self, ctx: RequestContext, model: str, key: Any,
                        outgoing: dict[str, Any], rule: Any, storable: bool) -> None:
-        fut, leader = self.flights.claim(key)
+        _fut, leader = self.flights.claim(key)
         if not leader:
             return
         refresh_ctx = RequestContext(request_id=ctx.request_id, route=ctx.route,

@@ -26,12 +26,13 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
-from gateway.policy.store import PolicyStore
-from gateway.routing.balancer import Router
+    from gateway.policy.store import PolicyStore
+    from gateway.routing.balancer import Router
 
 Labels = Mapping[str, str]
 Buckets = list[tuple[float, float]]  # (upper bound, cumulative count), sorted by bound
@@ -212,10 +213,9 @@ class Stats:
         }
 
     def _policy(self) -> dict[str, Any]:
-        active = self._policies.active
         shadow = self._policies.shadow
         return {
-            "version": active.version if active is not None else None,
+            "version": self._policies.active.version,
             "shadow_version": shadow.version if shadow is not None else None,
         }
 

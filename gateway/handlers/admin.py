@@ -12,6 +12,7 @@ status). Request texts never reach these routes, so none can be logged.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import logging
@@ -75,6 +76,7 @@ def authorize(request: web.Request, *, allow_query: bool = False) -> None:
 def admin_route(handler: AdminHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
     """Wrap an admin handler: check the token, then log who did what and how it ended."""
 
+    @functools.wraps(handler)
     async def wrapped(request: web.Request) -> web.Response:
         params: Params = {}
         status = 500
@@ -181,9 +183,7 @@ async def purge(request: web.Request, params: Params) -> web.Response:
     return _json({"purged": purged})
 
 
-def _describe(policy: Policy | None) -> dict[str, Any] | None:
-    if policy is None:
-        return None
+def _describe(policy: Policy) -> dict[str, Any]:
     return {
         "version": policy.version,
         "sources": list(policy.sources),
@@ -195,8 +195,9 @@ def _describe(policy: Policy | None) -> dict[str, Any] | None:
 async def policies(request: web.Request, params: Params) -> web.Response:
     """``GET /admin/policies``: the active policy (version, sources, rules) and the shadow one."""
     store = request.app[state.POLICIES]
-    active = _describe(store.active)
-    return _json({**(active or {"version": None}), "shadow": _describe(store.shadow)})
+    shadow = store.shadow
+    return _json({**_describe(store.active),
+                  "shadow": _describe(shadow) if shadow is not None else None})
 
 
 @admin_route
@@ -212,15 +213,13 @@ async def reload_policies(request: web.Request, params: Params) -> web.Response:
         errors = [{"file": e.file, "line": e.line, "field": e.field, "message": e.message,
                    "severity": e.severity} for e in exc.errors]
         params["errors"] = len(errors)
-        active = store.active
         return _json({"error": {
             "type": "policy_invalid",
             "message": f"policy refused ({len(errors)} error(s)); the last good policy stays",
             "request_id": request_id_of(request),
             "errors": errors,
-            "active_version": active.version if active is not None else None,
+            "active_version": store.active.version,
         }}, status=422)
-    active = store.active
-    version = active.version if active is not None else None
+    version = store.active.version
     params["version"] = version
     return _json({"reloaded": True, "version": version})

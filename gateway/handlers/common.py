@@ -9,7 +9,7 @@ from aiohttp import web
 from gateway import state
 from gateway.context import CacheDirectives, RequestContext
 from gateway.errors import ModelNotFound, ValidationFailed
-from gateway.middleware import request_id_of
+from gateway.middleware import TENANT, request_id_of
 
 # Request headers a policy may match on; others are not copied into the context.
 _HEADER_SKIP = frozenset({"authorization", "cookie", "content-length", "content-type"})
@@ -18,7 +18,7 @@ _HEADER_SKIP = frozenset({"authorization", "cookie", "content-length", "content-
 def make_context(request: web.Request, route: str) -> RequestContext:
     settings = request.app[state.SETTINGS]
     tenant = request.app[state.TENANTS].identify(request.headers.get("Authorization"))
-    request["gateway.tenant"] = tenant
+    request[TENANT] = tenant
     timeout_ms = float(settings.default_timeout_ms)
     raw = request.headers.get("X-Request-Timeout-Ms")
     if raw is not None:

@@ -16,7 +16,7 @@ import base64
 import hashlib
 import re
 from collections.abc import Awaitable, Callable
-from importlib import resources
+from pathlib import Path
 
 import orjson
 from aiohttp import web
@@ -31,7 +31,9 @@ _NO_STORE = {"Cache-Control": "no-store"}
 
 def load_page() -> bytes:
     """The dashboard HTML shipped in the package (``gateway/static/dashboard.html``)."""
-    return (resources.files("gateway") / "static" / "dashboard.html").read_bytes()
+    # Beside the package's modules (package data), not importlib.resources: editable installs
+    # on Python 3.11 give gateway a search path that the resources API rejects.
+    return (Path(__file__).resolve().parent.parent / "static" / "dashboard.html").read_bytes()
 
 
 def content_security_policy(html: bytes) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.errors import PolicyRejected, ValidationFailed
 from gateway.policy.detectors import Shape
-from gateway.policy.model import DETECTOR_NAMES, SHARED_SCOPE, Normalization, Policy, Rule
+from gateway.policy.model import DETECTOR_NAMES, SHARED_SCOPE, Policy, Rule
 from gateway.policy.normalize import canonical, limit
 from gateway.policy.pii import Finding, redact, scan, scan_shape
 
@@ -80,51 +80,51 @@ class Decision:
         }
 
 
-def _canonical_ascii(text: str, norm: Normalization) -> tuple[str, Shape | None]:
-    """The hot path: ASCII text under whitespace collapse. The detectors' shape of the text also
-    shows whether it is already canonical, so clean text is neither copied nor scanned twice."""
-    if norm.casefold:
-        text = text.lower()
-    shape = Shape(text)
-    if "\t" in shape.digits or "  " in text or text[:1] == " " or text[-1:] == " ":
-        return canonical(text, norm), None
-    return text, shape
+def _field(field: str, index: int | None) -> str:
+    return field if index is None else f"{field}[{index}]"
 
 
-def _item(text: str, rule: Rule, field: str) -> ItemDecision:
+def _item(text: str, rule: Rule, field: str, index: int | None) -> ItemDecision:
     norm = rule.normalization
     privacy = rule.privacy
+    names = privacy.names
     shape: Shape | None = None
-    if privacy.names and norm.whitespace == "collapse" and text.isascii():
-        full, shape = _canonical_ascii(text, norm)
+    if names and norm.whitespace == "collapse" and text.isascii():
+        # The hot path. The detectors' shape of the text also shows whether it is canonical
+        # already, so clean text is neither copied nor mapped twice.
+        if norm.casefold:
+            text = text.lower()
+        shape = Shape(text)
+        if "\t" in shape.cls or "  " in text or text[:1] == " " or text[-1:] == " ":
+            full, shape = canonical(text, norm), None
+        else:
+            full = text
     else:
         full = canonical(text, norm)
-    text = limit(full, norm, field=field)
-    if not privacy.names:
+    cut = len(full) > norm.max_chars
+    text = limit(full, norm, field=_field(field, index)) if cut else full
+    if not names:
         return ItemDecision(text=text, store=rule.cache)
-    cut = len(text) < len(full)
     if cut:  # scan a little past the cut; values wholly past it are not sent anywhere
-        findings = [f for f in scan(full[: len(text) + _SCAN_MARGIN], privacy.names)
+        findings = [f for f in scan(full[: len(text) + _SCAN_MARGIN], names)
                     if f.start < len(text)]
-    elif shape is not None:
-        findings = scan_shape(shape, privacy.names)
     else:
-        findings = scan(text, privacy.names)
+        findings = scan_shape(shape, names) if shape is not None else scan(text, names)
     if not findings:
         return ItemDecision(text=text, store=rule.cache)
     actions = privacy.detectors
     fired = {f.detector for f in findings}
-    names = tuple(name for name in DETECTOR_NAMES if name in fired)
-    for name in names:
+    hit = tuple(name for name in DETECTOR_NAMES if name in fired)
+    for name in hit:
         if actions[name] == "reject":
-            raise PolicyRejected(field, name, rule.name)
+            raise PolicyRejected(_field(field, index), name, rule.name)
     masked = [f for f in findings if actions[f.detector] == "redact"]
     if masked:
         if cut:
             masked = [Finding(f.detector, f.start, min(f.end, len(text))) for f in masked]
         text = redact(text, masked)
-    store = rule.cache and not any(actions[name] == "no_store" for name in names)
-    return ItemDecision(text=text, store=store, detectors=names)
+    store = rule.cache and not any(actions[name] == "no_store" for name in hit)
+    return ItemDecision(text=text, store=store, detectors=hit)
 
 
 def decide(
@@ -134,10 +134,10 @@ def decide(
     limit_items = rule.normalization.max_items
     if len(texts) > limit_items:
         raise ValidationFailed(field, f"at most {limit_items} items allowed, got {len(texts)}")
-    many = len(texts) > 1
-    items = tuple(
-        _item(text, rule, f"{field}[{i}]" if many else field) for i, text in enumerate(texts)
-    )
+    if len(texts) == 1:
+        items: tuple[ItemDecision, ...] = (_item(texts[0], rule, field, None),)
+    else:
+        items = tuple([_item(text, rule, field, i) for i, text in enumerate(texts)])
     return Decision(rule=rule, policy_version=policy_version, items=items, cache=rule.cache,
                     scope=SHARED_SCOPE if rule.scope == "shared" else tenant)
 

@@ -7,7 +7,8 @@ so a file that forgets privacy still protects it. A rule's ``normalization`` and
 ``privacy.detectors`` add to the defaults key by key; ``off`` switches a detector off.
 
 Several files (or a folder's ``*.yaml``, by name) concatenate their rules in order. Any error in
-any file refuses the whole set: ``PolicyError`` lists every problem as ``file:line: field: message``.
+any file refuses the whole set: ``PolicyError`` lists every problem as
+``file:line: field: message``.
 The effective version is the label plus a hash of the rules' meaning (comments do not change it).
 """
 

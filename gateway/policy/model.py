@@ -35,7 +35,7 @@ def _check(value: object, allowed: tuple[str, ...], what: str) -> None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Normalization:
-    """How a text is canonicalised before the backend, the PII detectors and the cache key see it."""
+    """How a text is canonicalised before the backend, the detectors and the cache key see it."""
 
     unicode_form: UnicodeForm = "NFC"
     casefold: bool = False
@@ -144,8 +144,8 @@ class Match:
             if not test(value):
                 return False
         for hname, htest in self._header_tests:
-            value = _header(headers, hname)
-            if value is None or not htest(value):
+            found = _header(headers, hname)
+            if found is None or not htest(found):
                 return False
         return True
 

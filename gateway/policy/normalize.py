@@ -1,4 +1,4 @@
-"""Text normalization: the canonical form a text takes before the backend, the detectors and the key.
+"""Text normalization: the canonical form a text takes before the backend, detectors and key see it.
 
 Steps, in order: Unicode normalization form, case folding, whitespace (collapse every run of
 Unicode whitespace to one space and strip, or only strip, or keep), then the length limit
@@ -14,13 +14,11 @@ import unicodedata
 from gateway.errors import ValidationFailed
 from gateway.policy.model import Normalization
 
-def _ascii_collapse(text: str) -> str:
-    # Checking with C-speed searches first avoids split/join (the slow part) for clean text.
-    if (
-        "  " not in text
-        and text.isprintable()
-        and not (text and (text[0] == " " or text[-1] == " "))
-    ):
+
+def _collapse(text: str) -> str:
+    # Text that is already collapsed is returned as is: isprintable() is False for every
+    # whitespace character but the space, so these C-speed checks spare the split/join.
+    if "  " not in text and text.isprintable() and text[:1] != " " and text[-1:] != " ":
         return text
     return " ".join(text.split())
 
@@ -43,12 +41,10 @@ def canonical(text: str, n: Normalization) -> str:
     if text.isascii():
         if n.casefold:
             text = text.lower()
-        if n.whitespace == "collapse":
-            return _ascii_collapse(text)
     else:
         text = _unicode_steps(text, n)
-        if n.whitespace == "collapse":
-            return " ".join(text.split())
+    if n.whitespace == "collapse":
+        return _collapse(text)
     if n.whitespace == "strip":
         return text.strip()
     return text

@@ -127,27 +127,30 @@ def _suggest(word: object, choices: Sequence[str]) -> str:
 def describe(err: ValidationError, doc: Located) -> list[Problem]:
     """A schema violation as problems a person can act on, each with its line."""
     path: list[PathPart] = list(err.absolute_path)
-    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
-        allowed = list(err.schema.get("properties", {}))
+    # jsonschema types these loosely (Unset sentinels); this schema always sets them.
+    schema: Any = err.schema
+    expected: Any = err.validator_value
+    instance: Any = err.instance
+    if err.validator == "additionalProperties" and isinstance(instance, dict):
+        allowed = [str(k) for k in schema.get("properties", {})]
         return [
             (doc.line([*path, k], key=True), field_path([*path, k]),
              f"unknown field{_suggest(k, allowed)}; allowed: {', '.join(allowed)}")
-            for k in err.instance if k not in allowed
+            for k in instance if k not in allowed
         ]
-    if err.validator == "required" and isinstance(err.instance, dict):
+    if err.validator == "required" and isinstance(instance, dict):
         return [(doc.line(path), field_path(path), f"missing required field {r!r}")
-                for r in err.validator_value if r not in err.instance]
+                for r in expected if r not in instance]
     if err.validator == "enum":
-        choices = [str(c) for c in err.validator_value]
-        message = (f"must be one of {', '.join(choices)}, not {err.instance!r}"
-                   f"{_suggest(err.instance, choices)}")
+        choices = [str(c) for c in expected]
+        message = (f"must be one of {', '.join(choices)}, not {instance!r}"
+                   f"{_suggest(instance, choices)}")
     elif err.validator == "type":
-        types = err.validator_value if isinstance(err.validator_value, list) else [
-            err.validator_value]
-        wanted = " or ".join(_TYPE_WORDS.get(t, t) for t in types)
-        message = f"must be {wanted}, not {_kind(err.instance)}"
+        types = expected if isinstance(expected, list) else [expected]
+        wanted = " or ".join(_TYPE_WORDS.get(str(t), str(t)) for t in types)
+        message = f"must be {wanted}, not {_kind(instance)}"
     elif err.validator == "pattern":
-        message = f"{err.instance!r} is not valid: expected {err.schema.get('description', '')}"
+        message = f"{instance!r} is not valid: expected {schema.get('description', '')}"
     else:
         message = err.message
     return [(doc.line(path), field_path(path), message)]

@@ -16,6 +16,7 @@ from gateway import state
 from gateway.app import create_app
 from gateway.ops_routes import register
 from gateway.settings import load_settings
+from gateway.tenants import Tenants, key_digest
 from tests.conftest import free_port
 from tests.gateway.conftest import BackendProc
 
@@ -34,13 +35,14 @@ rules:
 """
 
 
-async def ops_client(aiohttp_client: Any, backend: BackendProc, **overrides: Any) -> TestClient[
-        Any, Any]:
+async def ops_client(aiohttp_client: Any, backend: BackendProc, *, tenants: Tenants | None = None,
+                     **overrides: Any) -> TestClient[Any, Any]:
     """A gateway on a real socket with the ops routes registered (until create_app does it)."""
     values: dict[str, Any] = {"backends": [backend.url], "health_interval_s": 0.5,
                               "admin_token": TOKEN, "policy_poll_s": 3600.0}
     values.update(overrides)
-    app = create_app(load_settings(None, values, environ={}), registry=CollectorRegistry())
+    app = create_app(load_settings(None, values, environ={}), registry=CollectorRegistry(),
+                     tenants=tenants)
     if not any(r.canonical == "/dashboard" for r in app.router.resources()):
         register(app)
     client: TestClient[Any, Any] = await aiohttp_client(TestServer(app))
@@ -178,6 +180,29 @@ async def test_purge_by_tenant_only_touches_that_tenant(
     assert status == 200 and body == {"purged": 1}
     assert await redis_keys(redis_url) == set()
     assert await embed(client, "purge tenant") == "MISS"
+
+
+@pytest.mark.redis
+async def test_purge_by_tenant_leaves_other_tenants_alone(
+    aiohttp_client: Any, backend: BackendProc, redis_url: str
+) -> None:
+    keys = {"acme": "key-of-acme", "globex": "key-of-globex"}
+    tenants = Tenants(keys=tuple((key_digest(k), t) for t, k in keys.items()), configured=True)
+    client = await ops_client(aiohttp_client, backend, redis_url=redis_url, tenants=tenants)
+
+    async def as_tenant(tenant: str) -> str:
+        resp = await client.post("/v1/embeddings", json={"model": "minilm", "input": "same"},
+                                 headers={"Authorization": f"Bearer {keys[tenant]}"})
+        assert resp.status == 200, await resp.text()
+        return str(resp.headers["X-Cache"])
+
+    assert [await as_tenant("acme"), await as_tenant("globex")] == ["MISS", "MISS"]
+    await settle(client)
+    assert len(await redis_keys(redis_url)) == 2
+    status, body = await purge(client, {"tenant": "acme", "model": "minilm"})
+    assert status == 200 and body == {"purged": 1}
+    assert len(await redis_keys(redis_url)) == 1
+    assert [await as_tenant("acme"), await as_tenant("globex")] == ["MISS", "HIT"]
 
 
 @pytest.mark.redis

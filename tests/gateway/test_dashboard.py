@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import math
 import os
@@ -213,7 +214,7 @@ def chromium() -> str:
 
 
 async def run_chromium(url: str, *extra: str) -> str:
-    """Load ``url`` in headless Chromium (5 s of virtual time) and return stdout (the DOM)."""
+    """Load ``url`` in headless Chromium (5 s of virtual time); returns its stdout."""
     with tempfile.TemporaryDirectory(prefix="gw-chromium-") as profile:
         proc = await asyncio.create_subprocess_exec(
             chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -277,9 +278,24 @@ async def test_dashboard_in_headless_chromium(aiohttp_client: Any, backend: Back
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"
     shot.unlink(missing_ok=True)
-    dom = Dom(await run_chromium(url))
-    await run_chromium(url, f"--screenshot={shot}", "--window-size=1280,1000",
-                       "--hide-scrollbars")
+    dom = Dom(await run_chromium(url, "--dump-dom"))
+
+    async def traffic() -> None:
+        # Paced live traffic (hits, and a new text now and then) while the screenshot is
+        # taken, so the artifact shows the rates and sparklines moving. Bounded in count.
+        for i in range(400):
+            text = f"browser new {i}" if i % 10 == 0 else f"browser {i % 5}"
+            await embed(client, [text, "browser a"])
+            await asyncio.sleep(0.005)
+
+    background = asyncio.create_task(traffic())
+    try:
+        await run_chromium(url, f"--screenshot={shot}", "--window-size=1280,1000",
+                           "--hide-scrollbars")
+    finally:
+        background.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await background
     assert shot.exists() and shot.stat().st_size > 10_000
 
     assert "shown" not in dom.classes["error-banner"], dom.text["error-banner"]
@@ -310,7 +326,7 @@ async def test_dashboard_shows_an_error_when_stats_fail(aiohttp_client: Any) -> 
     app.router.add_get("/dashboard", page)
     app.router.add_get("/dashboard/stats.json", broken)
     client = await aiohttp_client(TestServer(app))
-    dom = Dom(await run_chromium(str(client.make_url("/dashboard"))))
+    dom = Dom(await run_chromium(str(client.make_url("/dashboard")), "--dump-dom"))
     assert "shown" in dom.classes["error-banner"]
     assert "HTTP 500" in dom.text["error-banner"]
     assert dom.classes["status-dot"] == "err"

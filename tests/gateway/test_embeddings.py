@@ -159,7 +159,7 @@ async def test_classify_and_rank(gateway: GatewayFactory) -> None:
         "top_n": 2, "return_documents": True,
     })
     assert status == 200, body
-    assert [r["index"] for r in body["results"]][0] == 1
+    assert body["results"][0]["index"] == 1
     assert len(body["results"]) == 2
     assert body["results"][0]["relevance_score"] >= body["results"][1]["relevance_score"]
     assert body["results"][0]["document"]["text"].startswith("Password reset")

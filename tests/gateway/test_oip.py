@@ -39,7 +39,9 @@ async def test_infer_is_cached_and_id_echoed(gateway: GatewayFactory, backend: B
     second = await resp.json()
     assert second["id"] == "second"
     assert second["outputs"] == first["outputs"]
-    resp = await client.post("/v2/models/minilm/infer", json=infer_body([item["text"]]))
+    resp = await client.post("/v2/models/minilm/infer",
+                             json=infer_body([item["text"]], parameters={"a": 2, "b": 1}))
+    assert resp.headers["X-Cache"] == "HIT"
     assert "id" not in await resp.json()
     assert backend.requests_total() == before + 1
 

@@ -1,0 +1,344 @@
+"""Gateway benchmark (issue 3): cache hits vs nginx and aiohttp, miss overhead, L2 vs L1 hits.
+
+``python -m bench gateway [--duration S] [--rounds R] [--connections C] [--latency-requests N]
+[--models DIR] [--quick]``
+
+Everything runs side by side in one run. The servers under test (the gateway, nginx, the
+hello-world) share the first CPU; the load generator, the backend and Redis get the last one.
+
+1. Hit throughput, wrk at ``C`` (64) connections, one short text (cached after the first
+   request): the gateway (1 worker, embedded L1) vs nginx ``proxy_cache`` serving the same
+   cached answer (nginx proxies the gateway and caches POSTs by URI + body) vs a bare aiohttp
+   hello-world. Rounds are interleaved (gateway, nginx, hello, gateway, ...); the median counts.
+2. Miss-path added latency at 1 connection, Python closed loop, every request timed: the same
+   OIP request the gateway sends, straight to the backend, vs ``/v1/embeddings`` through the
+   gateway with ``Cache-Control: no-store`` (no read, no write: each request goes upstream).
+   Rounds alternate the paths; p50 over all requests of a path.
+3. L2-only hits vs L1 hits, wrk at ``C`` connections over 256 distinct cached texts: a gateway
+   with Redis and ``l1_max_entries=1`` (every lookup misses L1 and hits Redis) vs one with Redis
+   and the normal L1. /metrics confirms which tier answered.
+
+Targets (reported, never a failure): hits >= 0.5x nginx; added miss p50 <= 0.3 ms; L2 hits
+>= 0.6x L1 hits. Exit code 1 when a server would not start or a run had errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import resource
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from bench import loadgen, nginx, services, wrk
+from bench.gateway_probe import Probe, cache_lookups, server_timing
+from bench.loadgen import LoadResult, Reply, Request, RequestFactory
+from bench.procs import Cores, pinned, split_cores
+from bench.services import Server
+
+TEXT = "How do I reset my password?"
+MODEL = "minilm"
+HIT_BODY = orjson.dumps({"input": TEXT, "model": MODEL})
+OIP_BODY = orjson.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                     "data": [TEXT]}]})
+JSON = {"Content-Type": "application/json"}
+L2_TEXTS = 256
+TARGET_NGINX, TARGET_MISS_MS, TARGET_L2 = 0.5, 0.3, 0.6
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run does, from the command line."""
+
+    models: Path
+    duration_s: float  # each timed wrk run
+    warmup_s: float
+    rounds: int
+    connections: int
+    latency_requests: int  # per path per round
+    latency_rounds: int
+    cores: Cores
+
+
+def parse(argv: Sequence[str]) -> Plan:
+    """The run's plan from ``argv``; see the module doc."""
+    parser = argparse.ArgumentParser(prog="python -m bench gateway",
+                                     description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--models", type=Path, default=Path("models"))
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run (10)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved wrk rounds (3)")
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--latency-requests", type=int, default=400,
+                        help="miss-latency requests per path per round (400)")
+    parser.add_argument("--latency-rounds", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="small counts (smoke test)")
+    args = parser.parse_args(argv)
+    if min(args.duration, args.rounds, args.connections, args.latency_requests,
+           args.latency_rounds) <= 0:
+        parser.error("every count and duration must be > 0")
+    return Plan(
+        models=args.models,
+        duration_s=min(args.duration, 3.0) if args.quick else args.duration,
+        warmup_s=1.0 if args.quick else 2.0,
+        rounds=1 if args.quick else args.rounds,
+        connections=args.connections,
+        latency_requests=min(args.latency_requests, 100) if args.quick else args.latency_requests,
+        latency_rounds=2 if args.quick else args.latency_rounds,
+        cores=split_cores(),
+    )
+
+
+@dataclass
+class Row:
+    """One measured server: the median round and every round's throughput."""
+
+    name: str
+    runs: list[wrk.WrkResult] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # server CPU cores used per run
+    client_cpu: list[float] = field(default_factory=list)  # wrk's CPU cores used per run
+    note: str = ""
+
+    @property
+    def rps(self) -> float:
+        return statistics.median(r.rps for r in self.runs) if self.runs else 0.0
+
+    @property
+    def median(self) -> wrk.WrkResult | None:
+        if not self.runs:
+            return None
+        return sorted(self.runs, key=lambda r: r.rps)[len(self.runs) // 2]
+
+    @property
+    def errors(self) -> int:
+        return sum(r.errors + r.non_2xx for r in self.runs)
+
+
+def throughput(plan: Plan, targets: Sequence[tuple[Row, Server, Sequence[bytes], str]]) -> None:
+    """Warm-up runs, then ``plan.rounds`` interleaved timed wrk runs per target."""
+    def one(row: Row, server: Server, bodies: Sequence[bytes], path: str, seconds: float,
+            keep: bool) -> None:
+        cpu0, child0 = server.service.cpu_seconds(), _children_cpu()
+        result = wrk.run(server.url, path, bodies, headers=JSON, connections=plan.connections,
+                         duration_s=seconds, cores=plan.cores.client)
+        if keep:
+            row.runs.append(result)
+            row.cpu.append((server.service.cpu_seconds() - cpu0) / result.duration_s)
+            row.client_cpu.append((_children_cpu() - child0) / result.duration_s)
+
+    for row, server, bodies, path in targets:
+        one(row, server, bodies, path, plan.warmup_s, keep=False)
+    for _ in range(plan.rounds):
+        for row, server, bodies, path in targets:
+            one(row, server, bodies, path, plan.duration_s, keep=True)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Latency:
+    """Miss-path latency samples per path (ms), and the gateway's own Server-Timing."""
+
+    paths: dict[str, list[float]] = field(default_factory=dict)
+    timing: dict[str, list[float]] = field(default_factory=dict)  # gateway Server-Timing (ms)
+    errors: int = 0
+
+
+def miss_latency(plan: Plan, backend: Server, gateway: Server) -> Latency:
+    """Alternating rounds at 1 connection: backend OIP, backend /v1/embeddings, gateway."""
+    out = Latency()
+    oip = Request(url=f"{backend.url}/v2/models/{MODEL}/infer", body=OIP_BODY, headers=JSON)
+    direct = Request(url=f"{backend.url}/v1/embeddings", body=HIT_BODY, headers=JSON)
+    through = Request(url=f"{gateway.url}/v1/embeddings", body=HIT_BODY,
+                      headers={**JSON, "Cache-Control": "no-store"})
+    paths: list[tuple[str, Request, Callable[[Reply], dict[str, float]] | None]] = [
+        ("backend OIP infer (direct)", oip, None),
+        ("backend /v1/embeddings (direct)", direct, None),
+        ("gateway /v1/embeddings, no-store", through, server_timing),
+    ]
+
+    async def go() -> None:
+        async with loadgen.client_session(pool=4) as http:
+            for _name, request, _inspect in paths:  # warm each path's connection and code
+                await loadgen.run_closed(_always(request), requests=50, concurrency=1,
+                                         max_duration_s=30, session=http)
+            for _ in range(plan.latency_rounds):
+                for name, request, inspect in paths:
+                    result = await loadgen.run_closed(
+                        _always(request), requests=plan.latency_requests, concurrency=1,
+                        max_duration_s=60, session=http, inspect=inspect)
+                    _collect(out, name, result)
+
+    with pinned(plan.cores.client):
+        loadgen.run(go())
+    return out
+
+
+def _always(request: Request) -> RequestFactory:
+    """A factory that sends ``request`` every time."""
+    return lambda _index: request
+
+
+def _collect(out: Latency, name: str, result: LoadResult) -> None:
+    out.errors += len(result.samples) - len(result.ok)
+    out.paths.setdefault(name, []).extend(s.latency_s * 1000.0 for s in result.ok)
+    for sample in result.ok:
+        for key, value in (sample.info or {}).items():
+            out.timing.setdefault(key, []).append(value)
+
+
+def main(argv: list[str]) -> int:
+    """Runs the benchmark and prints its Markdown report; see the module doc."""
+    plan = parse(argv)
+    missing = [t for t, ok in (("wrk", wrk.available()), ("nginx", nginx.available())) if not ok]
+    if missing:
+        print(f"bench gateway: {', '.join(missing)} not installed (Debian: apt-get install -y "
+              "wrk nginx)", file=sys.stderr)
+        return 2
+    server, client = plan.cores.server, plan.cores.client
+    hits = [Row("gateway, L1 hit"), Row("nginx proxy_cache hit"), Row("aiohttp hello-world")]
+    tiers = [Row("gateway, L1 hit (Redis on, normal L1)"),
+             Row("gateway, L2 hit (Redis on, l1_max_entries=1)")]
+    probes: dict[str, Probe] = {}
+    latency = Latency()
+    stack = contextlib.ExitStack()
+    try:
+        with stack:
+            backend = stack.enter_context(services.backend(plan.models, cores=client))
+            redis = stack.enter_context(services.redis(cores=client))
+            url = services.redis_url(redis)
+            gw = stack.enter_context(services.gateway(backend.url, cores=server))
+            gw_l1 = stack.enter_context(services.gateway(backend.url, cores=server,
+                                                         redis_url=url, name="gateway-l1"))
+            gw_l2 = stack.enter_context(services.gateway(
+                backend.url, cores=server, redis_url=url, settings={"l1_max_entries": "1"},
+                name="gateway-l2"))
+            proxy = stack.enter_context(nginx.NginxCache(gw.host_port, cores=server))
+            hello = stack.enter_context(services.hello(cores=server))
+            ngx = services.Server(proxy.service, proxy.port)
+
+            probes["gateway"] = Probe.check(gw.url, HIT_BODY, "X-Cache", "HIT")
+            probes["nginx"] = Probe.check(ngx.url, HIT_BODY, "X-Nginx-Cache", "HIT")
+            path = "/v1/embeddings"
+            throughput(plan, [(hits[0], gw, [HIT_BODY], path), (hits[1], ngx, [HIT_BODY], path),
+                              (hits[2], hello, [HIT_BODY], path)])
+
+            bodies = [orjson.dumps({"input": f"cache tier bench text number {i}",
+                                    "model": MODEL}) for i in range(L2_TEXTS)]
+            probes["L2 warm"] = Probe.warm(gw_l2.url, bodies)
+            probes["L1 warm"] = Probe.warm(gw_l1.url, bodies)
+            before = {name: cache_lookups(s.url) for name, s in (("l1", gw_l1), ("l2", gw_l2))}
+            throughput(plan, [(tiers[0], gw_l1, bodies, path), (tiers[1], gw_l2, bodies, path)])
+            after = {name: cache_lookups(s.url) for name, s in (("l1", gw_l1), ("l2", gw_l2))}
+            for row, name in ((tiers[0], "l1"), (tiers[1], "l2")):
+                delta = {k: v - before[name].get(k, 0.0) for k, v in after[name].items()}
+                row.note = ", ".join(f"{k} {v:.0f}" for k, v in sorted(delta.items()) if v)
+
+            latency = miss_latency(plan, backend, gw)
+    except (RuntimeError, OSError) as exc:
+        print(f"bench gateway: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(report(plan, hits, tiers, latency, probes))
+        return 1
+    print(report(plan, hits, tiers, latency, probes), flush=True)
+    failed = latency.errors or any(r.errors for r in hits + tiers)
+    return 1 if failed or not all(p.ok for p in probes.values()) else 0
+
+
+def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: Latency,
+           probes: dict[str, Probe]) -> str:
+    """The Markdown report: method, three tables, targets, notes."""
+    lines = [
+        f"Machine: {_cpu_name()}, {os.cpu_count()} logical CPUs; Python "
+        f"{platform.python_version()}. Pinning: {plan.cores.describe()} (backend and Redis "
+        "share the load generator's CPU).",
+        "",
+        f"Throughput: wrk, 1 thread, {plan.connections} connections, median of {plan.rounds} "
+        f"interleaved run(s) of {plan.duration_s:g} s after a {plan.warmup_s:g} s warm-up each.",
+        "",
+        "| server (cache hit) | req/s | p50 ms | p99 ms | server CPU | wrk CPU | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *(_row(r) for r in hits + tiers),
+        "",
+    ]
+    ms = {name: statistics.median(v) for name, v in latency.paths.items() if v}
+    if ms:
+        lines += [
+            f"Miss path at 1 connection: Python closed loop, {plan.latency_rounds} alternating "
+            f"rounds x {plan.latency_requests} requests per path.",
+            "",
+            "| path | requests | p50 ms | p90 ms | p99 ms |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
+        for name, values in latency.paths.items():
+            lines.append(f"| {name} | {len(values)} | {_q(values, 50)} | {_q(values, 90)} | "
+                         f"{_q(values, 99)} |")
+        lines.append("")
+    gw, ngx, hello = (r.rps for r in hits)
+    l1, l2 = (r.rps for r in tiers)
+    names = list(ms)
+    added = ms[names[2]] - ms[names[0]] if len(names) == 3 else float("nan")
+    added_v1 = ms[names[2]] - ms[names[1]] if len(names) == 3 else float("nan")
+    lines += [
+        "| target | measured | goal | met |",
+        "| --- | ---: | ---: | :---: |",
+        _target("gateway hit req/s / nginx proxy_cache", _ratio(gw, ngx), TARGET_NGINX, True),
+        f"| gateway hit req/s / aiohttp hello-world (info) | {_ratio(gw, hello):.2f} | - | - |",
+        _target("added p50 on a miss vs backend OIP (ms)", added, TARGET_MISS_MS, False),
+        f"| added p50 on a miss vs backend /v1/embeddings (info, ms) | {added_v1:.3f} | - | - |",
+        _target("L2-hit req/s / L1-hit req/s", _ratio(l2, l1), TARGET_L2, True),
+        "",
+    ]
+    for name, values in sorted(latency.timing.items()):
+        lines.append(f"- Gateway Server-Timing on the miss path, median `{name}`: "
+                     f"{statistics.median(values):.3f} ms")
+    for row in tiers:
+        if row.note:
+            lines.append(f"- {row.name}: cache lookups during the timed runs: {row.note}")
+    for name, probe in probes.items():
+        lines.append(f"- Check {name}: {probe.describe()}")
+    return "\n".join(lines)
+
+
+def _row(row: Row) -> str:
+    m = row.median
+    if m is None:
+        return f"| {row.name} | - | - | - | - | - | - |"
+    cpu = statistics.median(row.cpu) if row.cpu else float("nan")
+    client = statistics.median(row.client_cpu) if row.client_cpu else float("nan")
+    return (f"| {row.name} | {row.rps:.0f} | {m.p50_ms:.2f} | {m.p99_ms:.2f} | {cpu:.2f} | "
+            f"{client:.2f} | {row.errors} |")
+
+
+def _q(values: list[float], q: float) -> str:
+    return f"{loadgen.percentile(values, q):.3f}"
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("nan")
+
+
+def _target(name: str, value: float, goal: float, at_least: bool) -> str:
+    met = value >= goal if at_least else value <= goal
+    sign = ">=" if at_least else "<="
+    return f"| {name} | {value:.3f} | {sign} {goal:g} | {'yes' if met else 'NO'} |"
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,192 @@
+"""Child processes for the benchmarks: pinned to CPU cores, logged to a file, stopped by PID.
+
+Every server a benchmark starts (backend, gateway, nginx, redis, fakes) is a ``Service``: a
+command started with its CPU affinity set before ``exec`` (so every thread and child it makes
+stays on those cores), its stdout and stderr in a temporary log, and a ``stop`` that signals
+exactly that PID (then SIGKILL if it lingers). Use it as a context manager so a failed run
+still stops it. ``Cores`` splits the machine into the server's core and the load generator's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True, slots=True)
+class Cores:
+    """Which CPUs the server under test gets and which the load generator gets."""
+
+    server: frozenset[int]
+    client: frozenset[int]
+
+    @property
+    def pinned(self) -> bool:
+        """True when server and client have separate cores."""
+        return not self.server & self.client
+
+    def describe(self) -> str:
+        """``server on CPU {0}, load generator on CPU {1}`` (or the unpinned note)."""
+        if not self.pinned:
+            return f"unpinned: every CPU ({_fmt(self.server)}) for everything"
+        return f"server on CPU {_fmt(self.server)}, load generator on CPU {_fmt(self.client)}"
+
+
+def split_cores() -> Cores:
+    """The first usable CPU for the server, the last for the client (all CPUs on 1 core)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        every = frozenset(cores)
+        return Cores(every, every)
+    return Cores(frozenset(cores[:1]), frozenset(cores[-1:]))
+
+
+@contextlib.contextmanager
+def pinned(cores: frozenset[int]) -> Iterator[None]:
+    """Runs the block (this process's thread) on ``cores``."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+class Service:
+    """One child process: started pinned to ``cores``, logged, stopped by its PID."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        cores: frozenset[int] | None = None,
+        env: Mapping[str, str] | None = None,
+        stop_signal: int = signal.SIGTERM,
+        cwd: str | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.cores = cores
+        self.env = dict(env) if env is not None else None
+        self.stop_signal = stop_signal
+        self.cwd = cwd
+        # Closed (and deleted) in stop(), which owns the process the file logs.
+        self._log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log")  # noqa: SIM115
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        """The child's PID (raises before start)."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self.proc.pid
+
+    def start(self) -> Service:
+        """Starts the command (affinity set in the parent around the fork, so it is inherited
+        before ``exec``: no ``preexec_fn`` needed)."""
+        context = pinned(self.cores) if self.cores is not None else contextlib.nullcontext()
+        with context:
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                env=self.env, cwd=self.cwd,
+            )
+        return self
+
+    def alive(self) -> bool:
+        """True while the child runs."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Signals the child's PID, waits, then SIGKILLs that same PID if it lingers."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, self.stop_signal)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        self._log.close()
+
+    def __enter__(self) -> Service:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines of the child's output."""
+        self._log.flush()
+        with contextlib.suppress(OSError):
+            text = Path(self._log.name).read_text(errors="replace")
+            return "\n".join(text.splitlines()[-lines:])
+        return ""
+
+    def wait_http(self, url: str, *, timeout_s: float = 60.0, status: int | None = 200) -> None:
+        """Polls ``url`` (GET) until it answers ``status`` (None: any status); raises with the
+        log's tail if the child exits or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited early:\n{self.log_tail()}")
+            got = http_status(url)
+            if got == status or (status is None and got != 0):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} did not answer {url} with {status or 'any'} after "
+                           f"{timeout_s:g} s:\n{self.log_tail()}")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds the child has used so far (every thread)."""
+        if self.proc is None:
+            return 0.0
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0
+
+
+def http_status(url: str, timeout_s: float = 1.0) -> int:
+    """The HTTP status of a GET on a loopback ``url`` (0 when nothing answered)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return 0
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any ``GATEWAY_*`` variable, plus ``extra``: a
+    benchmark's gateway settings come from the benchmark, not from the caller's shell."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.update(extra)
+    return env
+
+
+def _fmt(cores: frozenset[int]) -> str:
+    return "{" + ",".join(map(str, sorted(cores))) + "}"

@@ -1,0 +1,143 @@
+"""The servers the gateway and overload benchmarks start, each as a pinned ``Service``.
+
+Factories return a started ``Service`` (use it in a ``with`` block or an ``ExitStack`` so it is
+stopped by PID whatever happens) and wait until it answers. Every server listens on a free
+loopback port; the URL is on the returned object. Gateway settings go in through ``GATEWAY_*``
+environment variables, the same way an operator sets them, and the caller's own ``GATEWAY_*``
+variables are dropped so they cannot skew a run.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.procs import Service, clean_env, free_port
+
+
+@dataclass
+class Server:
+    """A started service and where it listens."""
+
+    service: Service
+    port: int
+    workdir: str | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def host_port(self) -> str:
+        """``127.0.0.1:PORT`` (for nginx's upstream)."""
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Stops the process by PID and removes its work directory."""
+        try:
+            self.service.stop()
+        finally:
+            if self.workdir is not None:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _started(service: Service, port: int, ready_path: str | None, timeout_s: float,
+             workdir: str | None = None) -> Server:
+    server = Server(service.start(), port, workdir)
+    try:
+        if ready_path is not None:
+            service.wait_http(server.url + ready_path, timeout_s=timeout_s)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def backend(models: Path, *, cores: frozenset[int] | None, threads: int = 1) -> Server:
+    """``python -m backend serve`` with the real model, ready (warmed up) on return."""
+    port = free_port()
+    argv = [sys.executable, "-m", "backend", "serve", "--models", str(models), "--host",
+            "127.0.0.1", "--port", str(port), "--threads", str(threads), "--device", "cpu",
+            "--log-level", "WARNING"]
+    return _started(Service("backend", argv, cores=cores), port, "/v2/health/ready", 240.0)
+
+
+def slow_backend(*, cores: frozenset[int] | None, slots: int, service_ms: float,
+                 max_queue: int = 1024) -> Server:
+    """The fixed-capacity fake OIP backend (``bench.slow_backend``)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.slow_backend", "--port", str(port), "--slots",
+            str(slots), "--service-ms", str(service_ms), "--max-queue", str(max_queue)]
+    return _started(Service("slow-backend", argv, cores=cores), port, "/v2/health/ready", 30.0)
+
+
+def hello(*, cores: frozenset[int] | None) -> Server:
+    """The bare aiohttp hello-world (``bench.hello``)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.hello", "--port", str(port)]
+    return _started(Service("hello", argv, cores=cores), port, "/", 30.0)
+
+
+def gateway(backend_url: str, *, cores: frozenset[int] | None, redis_url: str | None = None,
+            settings: Mapping[str, str] | None = None, name: str = "gateway") -> Server:
+    """``python -m gateway serve --workers 1`` in front of ``backend_url``; ``settings`` are
+    field names -> values, passed as ``GATEWAY_<NAME>`` variables."""
+    port = free_port()
+    argv = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
+            "--backend", backend_url, "--workers", "1"]
+    if redis_url is not None:
+        argv += ["--redis", redis_url]
+    env = clean_env(**{f"GATEWAY_{k.upper()}": v for k, v in (settings or {}).items()})
+    return _started(Service(name, argv, cores=cores, env=env), port, "/readyz", 60.0)
+
+
+def redis(*, cores: frozenset[int] | None) -> Server:
+    """A private ``redis-server`` on a free port: no persistence, its own temp dir."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="bench-redis-")
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+            "no", "--dir", workdir, "--protected-mode", "yes"]
+    server = Server(Service("redis", argv, cores=cores).start(), port, workdir)
+    try:
+        _wait_redis(server)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _wait_redis(server: Server, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not server.service.alive():
+            raise RuntimeError(f"redis exited early:\n{server.service.log_tail()}")
+        try:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError("redis did not answer PING")
+
+
+def redis_url(server: Server) -> str:
+    """``redis://127.0.0.1:PORT/0``."""
+    return f"redis://127.0.0.1:{server.port}/0"

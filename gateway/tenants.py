@@ -1,0 +1,153 @@
+"""Tenants: which API key belongs to which tenant id (the cache scope).
+
+The tenants file stores only SHA-256 digests of the keys, never the keys::
+
+    tenants:
+      acme:
+        api_keys_sha256: ["<64 hex chars>", "..."]
+
+A request names its key as ``Authorization: Bearer <key>``. ``identify`` hashes the presented key
+and compares it with every stored digest in constant time (``hmac.compare_digest``, no early
+exit), so response timing says nothing about which digest was close. With a tenants file a
+missing or unknown key is 401; without one (``Tenants.public()``) every request is tenant
+``public``. Keys are never logged, and errors never echo them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import Unauthorized
+from gateway.policy.model import SHARED_SCOPE
+from gateway.policy.yamlpos import field_path, parse
+
+PUBLIC = "public"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+_TENANT_FIELDS = ("api_keys_sha256", "description")
+_ALLOWED = f"unknown field; allowed: {', '.join(_TENANT_FIELDS)}"
+
+
+def key_digest(key: str) -> str:
+    """The SHA-256 hex digest of an API key, as the tenants file stores it."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class TenantsError(ValueError):
+    """An invalid tenants file; the message lists every problem as ``file:line: field: why``."""
+
+
+def _bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, key = header.strip().partition(" ")
+    key = key.strip()
+    return key if scheme.lower() == "bearer" and key else None
+
+
+@dataclass(frozen=True, slots=True)
+class Tenants:
+    """API-key digests and the tenant each belongs to."""
+
+    keys: tuple[tuple[str, str], ...]
+    """(lowercase SHA-256 hex digest, tenant id) pairs."""
+    configured: bool
+    """False: no tenants file, every request is tenant ``public``."""
+
+    @classmethod
+    def public(cls) -> Tenants:
+        """No tenants file: one tenant, ``public``, no authentication."""
+        return cls(keys=(), configured=False)
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The tenant ids (``{"public"}`` without a tenants file)."""
+        return frozenset(t for _, t in self.keys) if self.configured else frozenset({PUBLIC})
+
+    @classmethod
+    def load(cls, path: Path) -> Tenants:
+        """Read and validate a tenants file; ``TenantsError`` names file, line and field."""
+        name = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TenantsError(f"{name}: cannot read: {exc}") from None
+        doc, problems = parse(text)
+        if doc is None:
+            raise TenantsError("\n".join(f"{name}:{ln or '?'}: {f}: {m}" for ln, f, m in problems))
+        return cls._validate(doc.data, name, doc.line)
+
+    @classmethod
+    def from_mapping(cls, tenants: Mapping[str, list[str]]) -> Tenants:
+        """Tenants from ``{tenant: [digest, ...]}``, validated like a file (tests, set-ups)."""
+        data = {"tenants": {t: {"api_keys_sha256": list(d)} for t, d in tenants.items()}}
+        return cls._validate(data, "<mapping>", lambda _path: None)
+
+    @classmethod
+    def _validate(cls, data: Any, source: str, line: Callable[[list[Any]], int | None]) -> Tenants:
+        problems: list[str] = []
+
+        def problem(path: list[str | int], message: str) -> None:
+            where = f"{source}:{line(path)}" if line(path) is not None else source
+            problems.append(f"{where}: {field_path(path)}: {message}")
+
+        tenants = data.get("tenants") if isinstance(data, dict) else None
+        if not isinstance(tenants, dict):
+            problem([], "expected a mapping with a 'tenants' mapping of tenant id -> keys")
+            raise TenantsError("\n".join(problems))
+        for extra in (k for k in data if k != "tenants"):
+            problem([extra], "unknown field; allowed: tenants")
+        owner: dict[str, str] = {}
+        keys: list[tuple[str, str]] = []
+        for tenant, spec in tenants.items():
+            where: list[str | int] = ["tenants", str(tenant)]
+            if not isinstance(tenant, str) or not _NAME.match(tenant):
+                problem(where, "tenant ids are 1-64 letters, digits, '.', '_' or '-'")
+                continue
+            if tenant == SHARED_SCOPE:
+                problem(where, f"{SHARED_SCOPE!r} is reserved (the shared cache scope)")
+                continue
+            digests = spec.get("api_keys_sha256") if isinstance(spec, dict) else None
+            if not isinstance(digests, list):
+                problem(where, "expected 'api_keys_sha256': a list of SHA-256 hex digests")
+                continue
+            for extra in (k for k in spec if k not in _TENANT_FIELDS):
+                problem([*where, str(extra)], _ALLOWED)
+            for i, digest in enumerate(digests):
+                at = [*where, "api_keys_sha256", i]
+                if not isinstance(digest, str) or not _HEX64.match(digest):
+                    problem(at, "not a SHA-256 digest (64 hex characters)")
+                    continue
+                digest = digest.lower()
+                if digest in owner:
+                    other = owner[digest]
+                    problem(at, f"key already belongs to tenant {other!r}" if other != tenant
+                            else "duplicate key")
+                    continue
+                owner[digest] = tenant
+                keys.append((digest, tenant))
+        if problems:
+            raise TenantsError("\n".join(problems))
+        return cls(keys=tuple(keys), configured=True)
+
+    def identify(self, authorization: str | None) -> str:
+        """The tenant an ``Authorization`` header's key belongs to; ``Unauthorized`` if none."""
+        if not self.configured:
+            return PUBLIC
+        key = _bearer(authorization)
+        if key is None:
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+        digest = key_digest(key)
+        found: str | None = None
+        for stored, tenant in self.keys:  # every digest, always: no early exit
+            if hmac.compare_digest(digest, stored):
+                found = tenant
+        if found is None:
+            raise Unauthorized("unknown API key")
+        return found
