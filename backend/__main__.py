@@ -19,8 +19,8 @@ from backend.settings import ServeSettings, SettingsError
 log = logging.getLogger("backend")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parses ``argv`` and runs the chosen command; returns the exit code."""
+def build_parser(*, with_build_model: bool = True) -> argparse.ArgumentParser:
+    """The whole command line; ``serve`` alone skips importing the model builder."""
     parser = argparse.ArgumentParser(
         prog="python -m backend",
         description="Serve the model repository, or build a model into it. Exit codes: 0 after "
@@ -29,10 +29,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(commands)
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] != ["serve"]:
-        # The builder pulls in the whole ONNX toolchain; serving never needs it.
+    if with_build_model:
         _add_build_model(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parses ``argv`` and runs the chosen command; returns the exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    # The builder pulls in the whole ONNX toolchain; serving never needs it.
+    parser = build_parser(with_build_model=args_list[:1] != ["serve"])
     args = parser.parse_args(args_list)
     code = args.func(args)
     return int(code or 0)

@@ -220,7 +220,7 @@ def main(argv: list[str]) -> int:
             gw_l1 = stack.enter_context(services.gateway(backend.url, cores=server,
                                                          redis_url=url, name="gateway-l1"))
             gw_l2 = stack.enter_context(services.gateway(
-                backend.url, cores=server, redis_url=url, settings={"l1_max_entries": "1"},
+                backend.url, cores=server, redis_url=url, settings={"l1_max_entries": 1},
                 name="gateway-l2"))
             proxy = stack.enter_context(nginx.NginxCache(gw.host_port, cores=server))
             hello = stack.enter_context(services.hello(cores=server))

@@ -57,11 +57,10 @@ class Plan:
     overload: float
     cores: Cores
 
-    def settings(self) -> dict[str, str]:
-        """The gateway's admission settings (``GATEWAY_*`` variables)."""
-        return {"tier_concurrency": str(self.tier_concurrency),
-                "tier_queue": str(self.tier_queue),
-                "default_timeout_ms": str(self.timeout_ms)}
+    def settings(self) -> dict[str, int]:
+        """The gateway's admission settings (its config file)."""
+        return {"tier_concurrency": self.tier_concurrency, "tier_queue": self.tier_queue,
+                "default_timeout_ms": self.timeout_ms}
 
 
 def parse(argv: Sequence[str]) -> Plan:

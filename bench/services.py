@@ -2,9 +2,9 @@
 
 Factories return a started ``Service`` (use it in a ``with`` block or an ``ExitStack`` so it is
 stopped by PID whatever happens) and wait until it answers. Every server listens on a free
-loopback port; the URL is on the returned object. Gateway settings go in through ``GATEWAY_*``
-environment variables, the same way an operator sets them, and the caller's own ``GATEWAY_*``
-variables are dropped so they cannot skew a run.
+loopback port; the URL is on the returned object. Gateway settings go in through a YAML config
+file (typed values), and the caller's own ``GATEWAY_*`` variables are dropped so they cannot
+skew a run.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from bench.procs import Service, clean_env, free_port
 
@@ -92,16 +94,24 @@ def hello(*, cores: frozenset[int] | None) -> Server:
 
 
 def gateway(backend_url: str, *, cores: frozenset[int] | None, redis_url: str | None = None,
-            settings: Mapping[str, str] | None = None, name: str = "gateway") -> Server:
-    """``python -m gateway serve --workers 1`` in front of ``backend_url``; ``settings`` are
-    field names -> values, passed as ``GATEWAY_<NAME>`` variables."""
+            settings: Mapping[str, int | float | str | bool] | None = None,
+            name: str = "gateway") -> Server:
+    """``python -m gateway serve --workers 1`` in front of ``backend_url``; ``settings`` (field
+    names -> values) go in a YAML config file (``--config``) in the server's work dir."""
     port = free_port()
     argv = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
             "--backend", backend_url, "--workers", "1"]
     if redis_url is not None:
         argv += ["--redis", redis_url]
-    env = clean_env(**{f"GATEWAY_{k.upper()}": v for k, v in (settings or {}).items()})
-    return _started(Service(name, argv, cores=cores, env=env), port, "/readyz", 60.0)
+    workdir = None
+    if settings:
+        # A config file, not GATEWAY_* variables: YAML keeps the values' types.
+        workdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
+        config = Path(workdir) / "gateway.yaml"
+        config.write_text(yaml.safe_dump(dict(settings)), encoding="utf-8")
+        argv += ["--config", str(config)]
+    return _started(Service(name, argv, cores=cores, env=clean_env()), port, "/readyz", 60.0,
+                    workdir)
 
 
 def redis(*, cores: frozenset[int] | None) -> Server:

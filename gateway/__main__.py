@@ -25,13 +25,19 @@ def _serve_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--log-level")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (also used by tests that check deploy files' commands)."""
     parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_args(sub)
     from gateway.policy.cli import register as register_policy
 
     register_policy(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
         from gateway.server import serve

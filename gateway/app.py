@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gateway import state
+from gateway import ops_routes, state
 from gateway.admission import Admission
 from gateway.cache.memory import MemoryCache
 from gateway.cache.redis import RedisCache
@@ -110,6 +110,7 @@ def create_app(
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
+    ops_routes.register(app)
     return app
 
 

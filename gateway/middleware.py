@@ -23,6 +23,8 @@ log = logging.getLogger("gateway.access")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
 TENANT: web.RequestKey[str] = web.RequestKey("tenant", str)
+# Probes and scrapes would drown the access log; they are counted in metrics instead.
+_QUIET = frozenset({"/metrics", "/healthz", "/readyz", "/dashboard/stats.json"})
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -76,12 +78,13 @@ def make_error_middleware(metrics: GatewayMetrics) -> Callable[..., Awaitable[we
             metrics.requests.labels(route, str(response.status), cache).inc()
             metrics.request_duration.labels(route, cache).observe(elapsed)
         response.headers.setdefault("X-Request-Id", rid)
-        if log.isEnabledFor(logging.INFO) and route not in ("/metrics", "/healthz"):
+        if log.isEnabledFor(logging.INFO) and route not in _QUIET:
             log.info("request", extra={
                 "request_id": rid, "method": request.method, "route": route,
                 "status": response.status, "cache": cache,
                 "tenant": request.get(TENANT, ""),
                 "duration_ms": round(elapsed * 1000.0, 3),
+                "timing": response.headers.get("Server-Timing", ""),
             })
         return response
 

@@ -130,9 +130,10 @@ class Settings:
                 raise SettingsError(f"{name}: must be > 0 (got {getattr(self, name)})")
         if self.redis_url is not None:
             scheme = urlsplit(self.redis_url).scheme
-            if scheme not in ("redis", "rediss", "unix"):
+            if scheme not in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
                 raise SettingsError(
-                    f"redis_url: scheme {scheme!r} is not redis://, rediss:// or unix://"
+                    f"redis_url: scheme {scheme!r} is not redis://, rediss://, unix:// or "
+                    "redis+cluster:// / rediss+cluster://"
                 )
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise SettingsError("log_level: one of DEBUG, INFO, WARNING, ERROR")

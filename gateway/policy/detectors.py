@@ -69,6 +69,11 @@ def _word_before(text: str, i: int, also: str = "") -> bool:
     return i > 0 and (text[i - 1].isalnum() or text[i - 1] in also)
 
 
+def _number_before(text: str, i: int) -> bool:
+    """Whether ``i`` starts a later group of a longer number (``1234 5678``: the ``5678``)."""
+    return i > 1 and text[i - 1] in " -" and text[i - 2].isdigit()
+
+
 def _number_after(text: str, j: int) -> bool:
     """Whether a number continues at ``j`` (``5``, ``.5``, ``-5``...): the match was cut short."""
     if j >= len(text):
@@ -102,8 +107,8 @@ _NATIONAL = re.compile(r"0[0-9]{1,4}[ /-][0-9]{2,8}(?:[ -][0-9]{2,8}){0,3}", _A)
 def _phone_at(text: str, i: int, regex: re.Pattern[str], lo: int, hi: int, out: list[Span]) -> None:
     if _word_before(text, i, "#$+.,/-_"):
         return
-    if i > 1 and text[i - 1] in " -" and text[i - 2].isdigit():
-        return  # the tail of a longer number (an IBAN's groups, an id)
+    if _number_before(text, i):
+        return
     m = regex.match(text, i)
     if m is not None and not _number_after(text, m.end()) and lo <= _digit_count(m.group()) <= hi:
         out.append(("phone", i, m.end()))
@@ -150,7 +155,7 @@ def _cards(s: Shape, out: list[Span]) -> None:
     text, cls = s.text, s.cls
     end = -1
     for i in sorted({i for needle in _CARD_NEEDLES for i in _finds(cls, needle)}):
-        if i < end or (i > 0 and cls[i - 1] == "0"):
+        if i < end or (i > 0 and cls[i - 1] == "0") or _number_before(text, i):
             continue
         m = _CARD.match(text, i)
         if m is not None:

@@ -97,7 +97,7 @@ NORMALIZATIONS = st.builds(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, database=None)
 @given(text=st.text(max_size=80), n=NORMALIZATIONS)
 def test_normalize_is_idempotent(text: str, n: Normalization) -> None:
     once = normalize_text(text, n)
@@ -105,7 +105,7 @@ def test_normalize_is_idempotent(text: str, n: Normalization) -> None:
     assert len(once) <= n.max_chars
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(text=st.text(alphabet=st.characters(max_codepoint=127), max_size=120))
 def test_ascii_fast_path_matches_the_general_definition(text: str) -> None:
     expected = " ".join(text.split())[: DEFAULT.max_chars]

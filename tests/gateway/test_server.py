@@ -1,0 +1,66 @@
+"""The gateway as a user runs it: processes, workers sharing a port, metrics across workers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tests.conftest import REPO, free_port
+from tests.gateway.conftest import BackendProc, gateway_env, metric_value, stop_process
+
+
+def _start(args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "gateway", "serve", *args], cwd=REPO,
+                            env=gateway_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise RuntimeError(f"gateway exited {proc.returncode}: {err[-2000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("gateway not ready")
+
+
+def test_two_workers_share_the_port_and_metrics(backend: BackendProc) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _start(["--port", str(port), "--backend", backend.url, "--workers", "2"])
+    try:
+        _wait_ready(url, proc)
+        with httpx.Client(timeout=10) as http:
+            for i in range(40):
+                # A new connection each time so the kernel spreads them over both workers.
+                r = httpx.post(f"{url}/v1/embeddings",
+                               json={"model": "minilm", "input": f"worker test {i % 5}"},
+                               headers={"Connection": "close"})
+                assert r.status_code == 200
+            text = http.get(f"{url}/metrics").text
+        total = metric_value(text, "gateway_requests_total", route="/v1/embeddings",
+                             status="200")
+        assert total == 40, "metrics must add up across worker processes"
+        assert metric_value(text, "gateway_cache_items_total", result="miss") >= 5
+    finally:
+        stop_process(proc)
+    assert proc.returncode == 0
+
+
+def test_bad_settings_stop_startup_with_a_message() -> None:
+    proc = _start(["--port", str(free_port()), "--backend", "ftp://nowhere"])
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert b"backends" in err and b"ftp://nowhere" in err
+    proc = _start(["--port", str(free_port())])
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert b"backend" in err
