@@ -29,7 +29,8 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 def request_id_of(request: web.Request) -> str:
-    return request.get(REQUEST_ID, "")
+    rid: str = request.get(REQUEST_ID, "")
+    return rid
 
 
 def error_response(exc: GatewayError, request_id: str) -> web.Response:

@@ -16,8 +16,9 @@ import asyncio
 import logging
 import struct
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -390,9 +391,9 @@ class Pipeline:
 
         self.spawn(refresh())
 
-    def spawn(self, coro: object) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run work after the response without losing track of it (drained on shutdown)."""
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

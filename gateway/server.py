@@ -140,4 +140,4 @@ def _mark_dead(pid: int | None) -> None:
         return
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(pid)
+    multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

@@ -180,7 +180,9 @@ def _coerce(name: str, value: object, hint: object) -> object:
     if name == "models":
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
-        return tuple(str(v) for v in value)  # type: ignore[union-attr]
+        if not isinstance(value, list | tuple):
+            raise SettingsError("models: expected a list of model names")
+        return tuple(str(v) for v in value)
     if name == "model_aliases":
         if not isinstance(value, Mapping):
             raise SettingsError("model_aliases: expected a mapping of alias -> model")

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from jsonschema import Draft202012Validator
 
 from gateway.policy.model import DETECTOR_NAMES, Match, Normalization, Policy, Privacy, Rule
@@ -63,16 +62,6 @@ class PolicyError(Exception):
         lines = "\n".join(f"  {e}" for e in errors)
         super().__init__(f"invalid policy ({len(errors)} error{'s' * (len(errors) != 1)}):\n"
                          f"{lines}")
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that keeps dates as strings (``version: 2026-12-01`` is a label, not a date)."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [r for r in resolvers if r[0] != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
 
 
 def parse_duration(value: float | str) -> float:
@@ -156,7 +145,7 @@ def _load_file(path: Path, issues: list[PolicyIssue]) -> _File | None:
     except (OSError, UnicodeDecodeError) as exc:
         issues.append(PolicyIssue(name, None, "(file)", f"cannot read: {exc}"))
         return None
-    doc, problems = parse(text, _Loader)
+    doc, problems = parse(text)
     if doc is None:
         issues.extend(PolicyIssue(name, line, field, msg) for line, field, msg in problems)
         return None

@@ -7,6 +7,7 @@ what PyYAML silently accepts but a person almost never means: duplicate keys in 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,21 @@ class Located:
         return None if target is None else target.start_mark.line + 1
 
 
+class Yaml12Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 scalars, as editors read the file: dates stay strings
+    (``version: 2026-12-01`` is a label) and only true/false are booleans (``ip: off`` is the
+    word ``off``, and a tenant called ``no`` is not ``false``)."""
+
+
+Yaml12Loader.yaml_implicit_resolvers = {
+    first: [r for r in resolvers
+            if r[0] not in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:bool")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
 def _duplicates(node: yaml.Node, path: list[PathPart], seen: set[int]) -> list[Problem]:
     if id(node) in seen:  # aliases point at shared nodes; visit each once
         return []
@@ -80,7 +96,7 @@ def _duplicates(node: yaml.Node, path: list[PathPart], seen: set[int]) -> list[P
     return problems
 
 
-def parse(text: str, loader: type[yaml.SafeLoader] = yaml.SafeLoader) -> tuple[
+def parse(text: str, loader: type[yaml.SafeLoader] = Yaml12Loader) -> tuple[
     Located | None, list[Problem]
 ]:
     """Parse one YAML document; problems for syntax errors, duplicate keys or an empty file."""

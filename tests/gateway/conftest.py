@@ -42,8 +42,8 @@ class BackendProc:
 
 
 def start_backend(models_dir: Path, *, zone: str = "local", region: str = "local",
-                  extra: tuple[str, ...] = ()) -> BackendProc:
-    port = free_port()
+                  extra: tuple[str, ...] = (), port: int | None = None) -> BackendProc:
+    port = port or free_port()
     cmd = [sys.executable, "-m", "backend", "serve", "--models", str(models_dir),
            "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
            "--zone", zone, "--region", region, *extra]

@@ -1,0 +1,166 @@
+"""PolicyStore: reloads that keep the last good policy, mtime polling, shadow differences."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.errors import PolicyRejected
+from gateway.metrics import GatewayMetrics
+from gateway.policy import PolicyError, default_policy, evaluate
+from gateway.policy.store import PolicyStore, differences, record_rejection
+
+GOOD = "version: one\nrules:\n  - name: all\n    ttl: 1h\n"
+GOOD_TWO = "version: two\nrules:\n  - name: all\n    ttl: 2h\n"
+BAD = "version: three\nrules:\n  - name: all\n    ttl: whenever\n"
+ARGS = {"route": "/v1/embeddings", "model": "minilm", "tenant": "acme", "headers": {}}
+
+
+@pytest.fixture
+def metrics() -> GatewayMetrics:
+    return GatewayMetrics(CollectorRegistry())
+
+
+def sample(m: GatewayMetrics, name: str, **labels: str) -> float | None:
+    return m.registry.get_sample_value(name, labels)
+
+
+def rewrite(path: Path, text: str) -> None:
+    """Write and move the mtime forward, so even a coarse-grained clock sees the change."""
+    path.write_text(text, encoding="utf-8")
+    later = time.time_ns() + 2_000_000_000
+    os.utime(path, ns=(later, later))
+
+
+async def wait_for(condition: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+def test_without_files_the_built_in_default_is_active(metrics: GatewayMetrics) -> None:
+    store = PolicyStore([], metrics=metrics)
+    assert store.active == default_policy()
+    assert store.shadow is None
+    assert sample(metrics, "gateway_policy_active", version=store.active.version) == 1
+    assert sample(metrics, "gateway_policy_info", version=store.active.version,
+                  sources="<built-in default>") == 1
+
+
+def test_an_invalid_file_at_start_up_raises(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(BAD)
+    with pytest.raises(PolicyError):
+        PolicyStore([path], metrics=None)
+
+
+async def test_reload_swaps_in_a_valid_change(tmp_path: Path, metrics: GatewayMetrics) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(GOOD)
+    store = PolicyStore([path], metrics=metrics)
+    old = store.active.version
+    rewrite(path, GOOD_TWO)
+    new = await store.reload()
+    assert new is store.active
+    assert new.version.startswith("two+")
+    assert store.active.rules[0].ttl_s == 7200
+    assert sample(metrics, "gateway_policy_reloads_total", result="success") == 1
+    assert sample(metrics, "gateway_policy_active", version=old) == 0
+    assert sample(metrics, "gateway_policy_active", version=new.version) == 1
+
+
+async def test_invalid_reload_keeps_the_last_good_policy(
+    tmp_path: Path, metrics: GatewayMetrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(GOOD)
+    store = PolicyStore([path], metrics=metrics)
+    good = store.active
+    rewrite(path, BAD)
+    with caplog.at_level(logging.ERROR, logger="gateway.policy"), pytest.raises(PolicyError) as info:
+        await store.reload()
+    assert info.value.errors[0].line == 4
+    assert store.active is good
+    # Serving goes on with the old policy.
+    assert evaluate(store.active, texts=["hello"], **ARGS).rule.ttl_s == 3600
+    assert sample(metrics, "gateway_policy_reloads_total", result="failure") == 1
+    assert sample(metrics, "gateway_policy_active", version=good.version) == 1
+    [record] = [r for r in caplog.records if r.name == "gateway.policy"]
+    line = record.getMessage()
+    assert "\n" not in line
+    assert good.version in line and f"{path}:4: rules[0].ttl" in line
+
+
+async def test_polling_picks_up_a_change_and_refuses_a_bad_one(
+    tmp_path: Path, metrics: GatewayMetrics
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(GOOD)
+    store = PolicyStore([path], metrics=metrics, poll_interval_s=0.02)
+    await store.start()
+    try:
+        rewrite(path, GOOD_TWO)
+        await wait_for(lambda: store.active.version.startswith("two+"))
+        rewrite(path, BAD)
+        await wait_for(lambda: sample(metrics, "gateway_policy_reloads_total",
+                                      result="failure") == 1)
+        await asyncio.sleep(0.2)  # many polls later: the same bad file is not retried
+        assert sample(metrics, "gateway_policy_reloads_total", result="failure") == 1
+        assert store.active.version.startswith("two+")
+    finally:
+        await store.stop()
+    assert store._task is None
+
+
+async def test_polling_a_folder_sees_added_files(tmp_path: Path) -> None:
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    (folder / "10-a.yaml").write_text("rules:\n  - name: a\n    match: {tenants: [x]}\n")
+    store = PolicyStore([folder], metrics=None, poll_interval_s=0.02)
+    await store.start()
+    try:
+        rewrite(folder / "20-b.yaml", "rules:\n  - name: b\n")
+        await wait_for(lambda: [r.name for r in store.active.rules] == ["a", "b"])
+    finally:
+        await store.stop()
+
+
+def test_shadow_differences_are_counted_by_rule(tmp_path: Path, metrics: GatewayMetrics) -> None:
+    active_file = tmp_path / "active.yaml"
+    active_file.write_text("rules:\n  - name: cached\n")
+    shadow_file = tmp_path / "shadow.yaml"
+    shadow_file.write_text("rules:\n  - name: shared\n    scope: shared\n    ttl: 2h\n"
+                           "    privacy: {detectors: {email: redact}}\n")
+    store = PolicyStore([active_file], metrics=metrics, shadow_paths=[shadow_file])
+    assert store.shadow is not None
+    texts = ["hi", "mail a@b.example.com"]
+    active = evaluate(store.active, texts=texts, **ARGS)
+    shadow = evaluate(store.shadow, texts=texts, **ARGS)
+    assert store.compare_shadow(active, shadow) == ("scope", "ttl", "store", "text")
+    assert sample(metrics, "gateway_policy_shadow_differences_total",
+                  rule="cached", shadow_rule="shared", field="scope") == 1
+    assert store.compare_shadow(active, active) == ()
+    assert store.compare_shadow(active, None) == ("outcome",)
+    assert sample(metrics, "gateway_policy_shadow_differences_total",
+                  rule="cached", shadow_rule="rejected", field="outcome") == 1
+
+
+def test_differences_of_equal_and_rejected_decisions() -> None:
+    d = evaluate(default_policy(), texts=["x"], **ARGS)
+    assert differences(d, d) == ()
+    assert differences(None, None) == ()
+    assert differences(None, d) == ("outcome",)
+
+
+def test_record_rejection(metrics: GatewayMetrics) -> None:
+    record_rejection(metrics, PolicyRejected("input", "card", "strict"))
+    assert sample(metrics, "gateway_policy_decisions_total", rule="strict", decision="reject") == 1
+    assert sample(metrics, "gateway_pii_detections_total", detector="card", action="reject") == 1
