@@ -87,14 +87,15 @@ class Tenants:
     def from_mapping(cls, tenants: Mapping[str, list[str]]) -> Tenants:
         """Tenants from ``{tenant: [digest, ...]}``, validated like a file (tests, set-ups)."""
         data = {"tenants": {t: {"api_keys_sha256": list(d)} for t, d in tenants.items()}}
-        return cls._validate(data, "<mapping>", lambda _path: None)
+        return cls._validate(data, "<mapping>", lambda _path, key=False: None)
 
     @classmethod
-    def _validate(cls, data: Any, source: str, line: Callable[[list[Any]], int | None]) -> Tenants:
+    def _validate(cls, data: Any, source: str, line: Callable[..., int | None]) -> Tenants:
         problems: list[str] = []
 
-        def problem(path: list[str | int], message: str) -> None:
-            where = f"{source}:{line(path)}" if line(path) is not None else source
+        def problem(path: list[str | int], message: str, *, key: bool = True) -> None:
+            at = line(path, key=key)
+            where = f"{source}:{at}" if at is not None else source
             problems.append(f"{where}: {field_path(path)}: {message}")
 
         tenants = data.get("tenants") if isinstance(data, dict) else None
@@ -108,7 +109,7 @@ class Tenants:
         for tenant, spec in tenants.items():
             where: list[str | int] = ["tenants", str(tenant)]
             if not isinstance(tenant, str) or not _NAME.match(tenant):
-                problem(where, "tenant ids are 1-64 letters, digits, '.', '_' or '-'")
+                problem(where, f"tenant id {tenant!r}: use 1-64 letters, digits, '.', '_' or '-'")
                 continue
             if tenant == SHARED_SCOPE:
                 problem(where, f"{SHARED_SCOPE!r} is reserved (the shared cache scope)")
@@ -122,13 +123,13 @@ class Tenants:
             for i, digest in enumerate(digests):
                 at = [*where, "api_keys_sha256", i]
                 if not isinstance(digest, str) or not _HEX64.match(digest):
-                    problem(at, "not a SHA-256 digest (64 hex characters)")
+                    problem(at, "not a SHA-256 digest (64 hex characters)", key=False)
                     continue
                 digest = digest.lower()
                 if digest in owner:
                     other = owner[digest]
                     problem(at, f"key already belongs to tenant {other!r}" if other != tenant
-                            else "duplicate key")
+                            else "duplicate key", key=False)
                     continue
                 owner[digest] = tenant
                 keys.append((digest, tenant))

@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from gateway.tenants import Tenants
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
 from gateway.settings import load_settings
+from gateway.tenants import Tenants
 from tests.conftest import REPO, free_port
 
 

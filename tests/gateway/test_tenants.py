@@ -89,7 +89,7 @@ def test_every_stored_digest_is_compared_no_early_exit(
         ("tenants:\n  acme:\n    api_keys_sha256: [abc]\n",
          ":3: tenants.acme.api_keys_sha256[0]: not a SHA-256 digest (64 hex characters)"),
         (f"tenants:\n  '':\n    api_keys_sha256: ['{'a' * 64}']\n",
-         ": tenants.: tenant ids are 1-64 letters"),
+         ":2: tenants.: tenant id '': use 1-64 letters"),
         (f"tenants:\n  shared:\n    api_keys_sha256: ['{'a' * 64}']\n",
          ":2: tenants.shared: 'shared' is reserved"),
         ("tenants:\n  acme: {}\n", ":2: tenants.acme: expected 'api_keys_sha256'"),
