@@ -160,13 +160,27 @@ class Service:
                            f"{timeout_s:g} s:\n{self.log_tail()}")
 
     def cpu_seconds(self) -> float:
-        """User + system CPU seconds the child has used so far (every thread)."""
+        """User + system CPU seconds used so far by the child and its own children (nginx's
+        workers), every thread of each."""
         if self.proc is None:
             return 0.0
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return 0.0
+        return sum(_cpu_of(pid) for pid in (self.proc.pid, *_children(self.proc.pid)))
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _cpu_of(pid: int) -> float:
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
 
 
 def http_status(url: str, timeout_s: float = 1.0) -> int:

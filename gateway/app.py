@@ -134,7 +134,8 @@ def _lifetime(handle_signals: bool):  # type: ignore[no-untyped-def]
         health = HealthChecker(router, session, rsettings)
         await health.start()
         pipeline = Pipeline(policies=policies, cache=app[state.CACHE], upstream=upstream,
-                            model_version=router.model_version, metrics=metrics)
+                            model_version=router.model_version, metrics=metrics,
+                            log_request_text=settings.log_request_text)
         app[state.PIPELINE] = pipeline
         app[state.OIP] = OipPipeline(pipeline=pipeline, cache=app[state.CACHE],
                                      upstream=upstream, model_version=router.model_version)

@@ -110,7 +110,9 @@ class Pipeline:
         upstream: Upstream,
         model_version: Callable[[str], str | None],
         metrics: GatewayMetrics,
+        log_request_text: bool = False,
     ) -> None:
+        self.log_request_text = log_request_text
         self.policies = policies
         self.cache = cache
         self.upstream = upstream
@@ -135,6 +137,9 @@ class Pipeline:
                 self.policies.compare_shadow(decision, None)
         self._record_decision(decision)
         ctx.policy_tag = f"{decision.rule.name}@{decision.policy_version}"
+        if self.log_request_text:  # a debug setting; off by default and in every shipped config
+            log.debug("request texts", extra={"request_id": ctx.request_id,
+                                               "texts": [i.text for i in decision.items]})
         ctx.add_timing("policy", time.perf_counter() - t0)
         return decision
 

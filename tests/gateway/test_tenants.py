@@ -118,8 +118,8 @@ def test_a_key_shared_by_two_tenants_names_both(tmp_path: Path) -> None:
     """)
     with pytest.raises(TenantsError) as info:
         Tenants.load(path)
-    text = str(info.value)
-    assert f"{path}:5: tenants.beta.api_keys_sha256[0]: key already belongs to tenant 'acme'" in text
+    assert (f"{path}:5: tenants.beta.api_keys_sha256[0]: key already belongs to tenant 'acme'"
+            in str(info.value))
 
 
 def test_names_that_yaml_1_1_would_turn_into_booleans_stay_names(tmp_path: Path) -> None:

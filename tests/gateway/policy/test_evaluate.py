@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,9 @@ from gateway.policy import (
     evaluate_groups,
 )
 
-ARGS = {"route": "/v1/embeddings", "model": "minilm", "tenant": "acme", "headers": {}}
+ARGS: dict[str, Any] = {
+    "route": "/v1/embeddings", "model": "minilm", "tenant": "acme", "headers": {},
+}
 EMAIL = "contact me at jane.doe@example.com please"
 
 

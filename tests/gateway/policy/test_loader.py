@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -59,7 +60,7 @@ def test_default_yaml_is_the_built_in_default() -> None:
 
 def test_strict_example_decides_as_documented() -> None:
     policy = load_policy([REPO / "policies" / "strict.yaml"])
-    args = {"model": "minilm", "tenant": "acme", "headers": {}}
+    args: dict[str, Any] = {"model": "minilm", "tenant": "acme", "headers": {}}
     assert policy.match(route="/v1/embeddings", **args).scope == "shared"
     assert policy.match(route="/v1/rank", **{**args, "tenant": "bank-eu"}).cache is False
     assert policy.match(route="/v1/rank", **{**args, "headers": {"x-debug": "1"}}).cache is False

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gateway.policy import NO_MATCH, Match, Policy, Privacy, Rule
 
-REQ = {"route": "/v1/embeddings", "model": "minilm", "tenant": "acme", "headers": {}}
+REQ: dict[str, Any] = {
+    "route": "/v1/embeddings", "model": "minilm", "tenant": "acme", "headers": {},
+}
 
 
 def policy(*rules: Rule) -> Policy:
@@ -80,7 +84,7 @@ def test_rules_validate_themselves() -> None:
     with pytest.raises(ValueError, match="negative"):
         Rule(name="x", ttl_s=-1)
     with pytest.raises(ValueError, match="detector"):
-        Privacy(detectors={"passport": "reject"})  # type: ignore[dict-item]
+        Privacy(detectors={"passport": "reject"})
     with pytest.raises(ValueError, match="action"):
         Privacy(detectors={"email": "drop"})  # type: ignore[dict-item]
 

@@ -6,7 +6,9 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -19,7 +21,9 @@ from gateway.policy.store import PolicyStore, differences, record_rejection
 GOOD = "version: one\nrules:\n  - name: all\n    ttl: 1h\n"
 GOOD_TWO = "version: two\nrules:\n  - name: all\n    ttl: 2h\n"
 BAD = "version: three\nrules:\n  - name: all\n    ttl: whenever\n"
-ARGS = {"route": "/v1/embeddings", "model": "minilm", "tenant": "acme", "headers": {}}
+ARGS: dict[str, Any] = {
+    "route": "/v1/embeddings", "model": "minilm", "tenant": "acme", "headers": {},
+}
 
 
 @pytest.fixture
@@ -38,12 +42,10 @@ def rewrite(path: Path, text: str) -> None:
     os.utime(path, ns=(later, later))
 
 
-async def wait_for(condition: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+async def wait_for(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(5):
+        while not condition():  # noqa: ASYNC110 - polling the store is what is under test
+            await asyncio.sleep(0.02)
 
 
 def test_without_files_the_built_in_default_is_active(metrics: GatewayMetrics) -> None:
@@ -85,7 +87,7 @@ async def test_invalid_reload_keeps_the_last_good_policy(
     store = PolicyStore([path], metrics=metrics)
     good = store.active
     rewrite(path, BAD)
-    with caplog.at_level(logging.ERROR, logger="gateway.policy"), pytest.raises(PolicyError) as info:
+    with caplog.at_level(logging.ERROR, "gateway.policy"), pytest.raises(PolicyError) as info:
         await store.reload()
     assert info.value.errors[0].line == 4
     assert store.active is good
