@@ -134,8 +134,7 @@ def _rule(raw: Mapping[str, Any], settings: Mapping[str, Any], origin: str) -> R
 @dataclass(slots=True)
 class _File:
     label: str | None
-    rules: list[Rule]
-    lines: dict[str, int | None]
+    rules: list[tuple[Rule, int, int | None]]  # rule, its index, the line of its name
 
 
 def _load_file(path: Path, issues: list[PolicyIssue]) -> _File | None:
@@ -156,17 +155,17 @@ def _load_file(path: Path, issues: list[PolicyIssue]) -> _File | None:
         return None
     data: dict[str, Any] = doc.data
     base = _merge(BASE, data.get("defaults", {}))
-    rules: list[Rule] = []
-    lines: dict[str, int | None] = {}
+    rules: list[tuple[Rule, int, int | None]] = []
     for index, raw in enumerate(data["rules"]):
         line = doc.line(["rules", index])
         try:
-            rules.append(_rule(raw, _merge(base, raw), f"{name}:{line}"))
+            rule = _rule(raw, _merge(base, raw), f"{name}:{line}")
         except ValueError as exc:
             issues.append(PolicyIssue(name, line, f"rules[{index}]", str(exc)))
-        lines[raw["name"]] = doc.line(["rules", index, "name"])
+            continue
+        rules.append((rule, index, doc.line(["rules", index, "name"])))
     label = data.get("version")
-    return _File(None if label is None else str(label), rules, lines)
+    return _File(None if label is None else str(label), rules)
 
 
 def policy_hash(rules: Sequence[Rule]) -> str:
@@ -205,10 +204,10 @@ def load_policy(paths: Sequence[Path]) -> Policy:
             continue
         if loaded.label:
             labels.append(loaded.label)
-        for rule in loaded.rules:
+        for rule, index, line in loaded.rules:
             if rule.name in first_seen:
                 issues.append(PolicyIssue(
-                    str(path), loaded.lines.get(rule.name), "rules[].name",
+                    str(path), line, f"rules[{index}].name",
                     f"duplicate rule name {rule.name!r} (first at {first_seen[rule.name]})"))
             first_seen.setdefault(rule.name, rule.origin)
             rules.append(rule)

@@ -52,6 +52,18 @@ def differences(active: Decision | None, shadow: Decision | None) -> tuple[str, 
     return tuple(name for name, x, y in pairs if x != y)
 
 
+def record_decision(metrics: GatewayMetrics, decision: Decision) -> None:
+    """Count a decision by rule (``cache``, ``no_cache``, ``no_store_items``) and its detections."""
+    kind = "cache" if decision.cache else "no_cache"
+    if decision.cache and not all(item.store for item in decision.items):
+        kind = "no_store_items"
+    metrics.policy_decisions.labels(decision.rule.name, kind).inc()
+    actions = decision.rule.privacy.detectors
+    for item in decision.items:
+        for name in item.detectors:
+            metrics.pii_detections.labels(name, actions[name]).inc()
+
+
 def record_rejection(metrics: GatewayMetrics, error: PolicyRejected) -> None:
     """Count a request a ``reject`` detector refused (``evaluate`` raised instead of deciding)."""
     metrics.policy_decisions.labels(error.rule, "reject").inc()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +26,21 @@ from tests.conftest import free_port, wait_port
 pytestmark = pytest.mark.redis
 
 
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is a valid, free port too."""
+    for _ in range(200):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
 @pytest.fixture(scope="module")
 def cluster_url() -> Iterator[str]:
     exe = shutil.which("redis-server")
@@ -33,7 +49,7 @@ def cluster_url() -> Iterator[str]:
             pytest.fail("redis-server is not installed")
         pytest.skip("redis-server is not installed")
     workdir = tempfile.mkdtemp(prefix="gw-redis-cluster-")
-    port = free_port()
+    port = _cluster_port()
     proc = subprocess.Popen(
         [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
          "--dir", workdir, "--cluster-enabled", "yes",

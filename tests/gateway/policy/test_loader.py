@@ -188,7 +188,7 @@ def test_duplicate_rule_names_across_files(tmp_path: Path) -> None:
     a = write(tmp_path, "a.yaml", "rules:\n  - name: same\n")
     b = write(tmp_path, "b.yaml", "rules:\n  - name: other\n  - name: same\n")
     assert errors([a, b]) == [
-        f"{b}:3: rules[].name: duplicate rule name 'same' (first at {a}:2)"]
+        f"{b}:3: rules[1].name: duplicate rule name 'same' (first at {a}:2)"]
 
 
 def test_version_is_label_plus_a_hash_of_meaning_not_of_comments(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from gateway.errors import PolicyRejected
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyError, default_policy, evaluate
-from gateway.policy.store import PolicyStore, differences, record_rejection
+from gateway.policy.store import PolicyStore, differences, record_decision, record_rejection
 
 GOOD = "version: one\nrules:\n  - name: all\n    ttl: 1h\n"
 GOOD_TWO = "version: two\nrules:\n  - name: all\n    ttl: 2h\n"
@@ -160,6 +160,14 @@ def test_differences_of_equal_and_rejected_decisions() -> None:
     assert differences(d, d) == ()
     assert differences(None, None) == ()
     assert differences(None, d) == ("outcome",)
+
+
+def test_record_decision(metrics: GatewayMetrics) -> None:
+    record_decision(metrics, evaluate(default_policy(), texts=["a", "b@c.example.com"], **ARGS))
+    assert sample(metrics, "gateway_policy_decisions_total", rule="default",
+                  decision="no_store_items") == 1
+    assert sample(metrics, "gateway_pii_detections_total", detector="email",
+                  action="no_store") == 1
 
 
 def test_record_rejection(metrics: GatewayMetrics) -> None:
