@@ -183,7 +183,7 @@ def main(argv: list[str]) -> int:
     stack = contextlib.ExitStack()
     try:
         with stack:
-            backend = stack.enter_context(services.backend(plan.models, cores=client))
+            backend = stack.enter_context(services.backend(plan.models, cores=server))
             redis = stack.enter_context(services.redis(cores=client))
             url = services.redis_url(redis)
             gw = stack.enter_context(services.gateway(backend.url, cores=server))
@@ -213,7 +213,7 @@ def main(argv: list[str]) -> int:
                 delta = {k: v - before[name].get(k, 0.0) for k, v in after[name].items()}
                 row.note = ", ".join(f"{k} {v:.0f}" for k, v in sorted(delta.items()) if v)
 
-            fake = stack.enter_context(services.slow_backend(cores=client, slots=64,
+            fake = stack.enter_context(services.slow_backend(cores=server, slots=64,
                                                              service_ms=0))
             gw_fake = stack.enter_context(services.gateway(fake.url, cores=server,
                                                            name="gateway-fake"))
@@ -234,8 +234,10 @@ def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
     """The Markdown report: method, throughput and latency tables, targets, notes."""
     lines = [
         f"Machine: {_cpu_name()}, {os.cpu_count()} logical CPUs; Python "
-        f"{platform.python_version()}. Pinning: {plan.cores.describe()} (the backends and "
-        "Redis share the load generator's CPU).",
+        f"{platform.python_version()}. Pinning: {plan.cores.describe()}. The backends share the "
+        "server CPU (idle but for health checks during the throughput runs; at 1 connection "
+        "only one process works at a time, and both miss paths then cross between the CPUs "
+        "twice); Redis runs on the load generator's CPU.",
         "",
         f"Throughput: wrk, 1 thread, {plan.connections} connections, median of {plan.rounds} "
         f"interleaved run(s) of {plan.duration_s:g} s after a {plan.warmup_s:g} s warm-up each. "

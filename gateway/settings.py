@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types as types_
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints
 from urllib.parse import urlsplit
 
 import yaml
@@ -187,13 +188,13 @@ def _coerce(name: str, value: object, hint: object) -> object:
         if not isinstance(value, Mapping):
             raise SettingsError("model_aliases: expected a mapping of alias -> model")
         return {str(k): str(v) for k, v in value.items()}
-    text = str(hint)
+    types = set(get_args(hint)) if isinstance(hint, types_.UnionType) else {hint}
+    if value is None:
+        if type(None) in types:
+            return None
+        raise SettingsError(f"{name}: a value is required")
     try:
-        if value is None:
-            if "None" in text:
-                return None
-            raise SettingsError(f"{name}: a value is required")
-        if text.startswith("bool"):
+        if bool in types:
             if isinstance(value, bool):
                 return value
             low = str(value).strip().lower()
@@ -202,18 +203,21 @@ def _coerce(name: str, value: object, hint: object) -> object:
             if low in ("0", "false", "no", "off"):
                 return False
             raise SettingsError(f"{name}: {value!r} is not a boolean (true/false)")
-        if text.startswith("int"):
-            if isinstance(value, bool):
-                raise SettingsError(f"{name}: expected an integer")
+        if int in types:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
             return int(value)  # type: ignore[call-overload]
-        if text.startswith("float"):
+        if float in types:
+            if isinstance(value, bool):
+                raise ValueError
             return float(value)  # type: ignore[arg-type]
-        if text.startswith("str"):
+        if str in types:
+            if not isinstance(value, str | int | float):
+                raise ValueError
             return str(value)
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, SettingsError):
-            raise
-        raise SettingsError(f"{name}: {value!r} is not a valid {text.split(' ')[0]}") from None
+    except (TypeError, ValueError):
+        kind = next(t.__name__ for t in (bool, int, float, str) if t in types)
+        raise SettingsError(f"{name}: {value!r} is not a valid {kind}") from None
     return value
 
 
