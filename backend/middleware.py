@@ -21,6 +21,7 @@ from backend.handlers import MODEL_LABEL, REQUEST_ID, json_response
 from backend.metrics import BackendMetrics
 
 REQUEST_ID_HEADER = "X-Request-Id"
+# Probes, scrapes and the gateways' metadata polls (GETs) log at DEBUG; inference at INFO.
 _QUIET = ("/v2/health/", "/metrics")
 
 access_log = logging.getLogger("backend.access")
@@ -49,7 +50,8 @@ def request_context(*, metrics: BackendMetrics, log_requests: bool = True) -> Mi
             if model is not None:
                 fields["model"] = model
             # Probes and scrapes arrive every few seconds; keep them out of the INFO stream.
-            level = logging.DEBUG if request.path.startswith(_QUIET) else logging.INFO
+            quiet = request.path.startswith(_QUIET) or request.method == "GET"
+            level = logging.DEBUG if quiet else logging.INFO
             access_log.log(level, "request", extra={"fields": fields})
         return response
 

@@ -1,10 +1,11 @@
 """Gateway benchmark (issue 3): cache hits vs nginx and aiohttp, miss overhead, L2 vs L1 hits.
 
 ``python -m bench gateway [--duration S] [--rounds R] [--connections C] [--latency-requests N]
-[--models DIR] [--quick]``
+[--latency-rounds N] [--models DIR] [--quick]``
 
-Everything runs side by side in one run. The servers under test (the gateway, nginx, the
-hello-world) share the first CPU; the load generator, the backend and Redis get the last one.
+Everything runs side by side in one run. The servers (gateways, nginx, the hello-world, the
+backends) share the first CPU; the load generator (wrk, or the Python client) and Redis get the
+last one. Every process is started by this bench and stopped by its PID.
 
 1. Hit throughput, wrk at ``C`` (64) connections, one short text (cached after the first
    request): the gateway (1 worker, embedded L1) vs nginx ``proxy_cache`` serving the same
@@ -12,14 +13,16 @@ hello-world) share the first CPU; the load generator, the backend and Redis get 
    hello-world. Rounds are interleaved (gateway, nginx, hello, gateway, ...); the median counts.
 2. Miss-path added latency at 1 connection, Python closed loop, every request timed: the same
    OIP request the gateway sends, straight to the backend, vs ``/v1/embeddings`` through the
-   gateway with ``Cache-Control: no-store`` (no read, no write: each request goes upstream).
-   Rounds alternate the paths; p50 over all requests of a path.
+   gateway with ``Cache-Control: no-store`` (no read, no write: each request goes upstream);
+   the same pair again with a 0 ms fake backend, which shows the gateway's own share without
+   the model's jitter. Rounds alternate the paths (``bench.gateway_latency``).
 3. L2-only hits vs L1 hits, wrk at ``C`` connections over 256 distinct cached texts: a gateway
    with Redis and ``l1_max_entries=1`` (every lookup misses L1 and hits Redis) vs one with Redis
    and the normal L1. /metrics confirms which tier answered.
 
 Targets (reported, never a failure): hits >= 0.5x nginx; added miss p50 <= 0.3 ms; L2 hits
->= 0.6x L1 hits. Exit code 1 when a server would not start or a run had errors.
+>= 0.6x L1 hits. Exit code 1 when a server would not start or a run had errors; 2 when wrk or
+nginx is missing.
 """
 
 from __future__ import annotations
@@ -28,18 +31,19 @@ import argparse
 import contextlib
 import os
 import platform
-import resource
 import statistics
+import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-from bench import gateway_latency, nginx, services, wrk
+from bench import gateway_latency, gateway_throughput, nginx, services, wrk
 from bench.gateway_latency import MissLatency
 from bench.gateway_probe import Probe, cache_lookups
+from bench.gateway_throughput import Row
 from bench.loadgen import Request
 from bench.procs import Cores, split_cores
 from bench.services import Server
@@ -101,53 +105,11 @@ def parse(argv: Sequence[str]) -> Plan:
     )
 
 
-@dataclass
-class Row:
-    """One measured server: the median round and every round's throughput."""
-
-    name: str
-    runs: list[wrk.WrkResult] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)  # server CPU cores used per run
-    client_cpu: list[float] = field(default_factory=list)  # wrk's CPU cores used per run
-    note: str = ""
-
-    @property
-    def rps(self) -> float:
-        return statistics.median(r.rps for r in self.runs) if self.runs else 0.0
-
-    @property
-    def median(self) -> wrk.WrkResult | None:
-        if not self.runs:
-            return None
-        return sorted(self.runs, key=lambda r: r.rps)[len(self.runs) // 2]
-
-    @property
-    def errors(self) -> int:
-        return sum(r.errors + r.non_2xx for r in self.runs)
-
-
-def throughput(plan: Plan, targets: Sequence[tuple[Row, Server, Sequence[bytes], str]]) -> None:
-    """Warm-up runs, then ``plan.rounds`` interleaved timed wrk runs per target."""
-    def one(row: Row, server: Server, bodies: Sequence[bytes], path: str, seconds: float,
-            keep: bool) -> None:
-        cpu0, child0 = server.service.cpu_seconds(), _children_cpu()
-        result = wrk.run(server.url, path, bodies, headers=JSON, connections=plan.connections,
-                         duration_s=seconds, cores=plan.cores.client)
-        if keep:
-            row.runs.append(result)
-            row.cpu.append((server.service.cpu_seconds() - cpu0) / result.duration_s)
-            row.client_cpu.append((_children_cpu() - child0) / result.duration_s)
-
-    for row, server, bodies, path in targets:
-        one(row, server, bodies, path, plan.warmup_s, keep=False)
-    for _ in range(plan.rounds):
-        for row, server, bodies, path in targets:
-            one(row, server, bodies, path, plan.duration_s, keep=True)
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def throughput(plan: Plan, targets: Sequence[gateway_throughput.Target]) -> None:
+    """Interleaved wrk rounds over ``targets`` as the plan says."""
+    gateway_throughput.measure(targets, headers=JSON, connections=plan.connections,
+                               duration_s=plan.duration_s, warmup_s=plan.warmup_s,
+                               rounds=plan.rounds, cores=plan.cores.client)
 
 
 def miss_paths(backend: Server, gateway: Server, fake: Server, gw_fake: Server
@@ -220,7 +182,7 @@ def main(argv: list[str]) -> int:
             latency = gateway_latency.measure(
                 miss_paths(backend, gw, fake, gw_fake), rounds=plan.latency_rounds,
                 requests=plan.latency_requests, cores=client)
-    except (RuntimeError, OSError) as exc:
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         print(f"bench gateway: {type(exc).__name__}: {exc}", file=sys.stderr)
         print(report(plan, hits, tiers, latency, probes))
         return 1
@@ -241,11 +203,11 @@ def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
         "",
         f"Throughput: wrk, 1 thread, {plan.connections} connections, median of {plan.rounds} "
         f"interleaved run(s) of {plan.duration_s:g} s after a {plan.warmup_s:g} s warm-up each. "
-        "CPU columns: cores used by the server (nginx: master + worker) and by wrk.",
+        "CPU columns: cores used by the server (nginx: master + worker), by wrk, and by every "
+        "other process on the machine (a shared machine's noise; 0 when it was quiet).",
         "",
-        "| server (cache hit) | req/s | p50 ms | p99 ms | server CPU | wrk CPU | errors |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-        *(_row(r) for r in hits + tiers),
+        *gateway_throughput.HEADER,
+        *(r.markdown() for r in hits + tiers),
         "",
     ]
     if latency.paths and any(p.latency for p in latency.paths.values()):
@@ -292,16 +254,6 @@ def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
 
 def _info(name: str, value: float) -> str:
     return f"| {name} (info) | {value:.3f} | - | - |"
-
-
-def _row(row: Row) -> str:
-    m = row.median
-    if m is None:
-        return f"| {row.name} | - | - | - | - | - | - |"
-    cpu = statistics.median(row.cpu) if row.cpu else float("nan")
-    client = statistics.median(row.client_cpu) if row.client_cpu else float("nan")
-    return (f"| {row.name} | {row.rps:.0f} | {m.p50_ms:.2f} | {m.p99_ms:.2f} | {cpu:.2f} | "
-            f"{client:.2f} | {row.errors} |")
 
 
 def _ratio(a: float, b: float) -> float:

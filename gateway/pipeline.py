@@ -25,11 +25,11 @@ import numpy as np
 from gateway.cache.entry import Entry
 from gateway.cache.tiered import TieredCache
 from gateway.context import RequestContext
-from gateway.errors import DeadlineExceeded, GatewayError, Overloaded
+from gateway.errors import DeadlineExceeded, GatewayError, Overloaded, PolicyRejected
 from gateway.keys import CacheKey, derive_key
 from gateway.metrics import GatewayMetrics
-from gateway.policy import Decision, ItemDecision, Policy, Rule, evaluate
-from gateway.policy.store import PolicyStore
+from gateway.policy import Decision, Policy, Rule, evaluate_groups
+from gateway.policy.store import PolicyStore, record_decision, record_rejection
 from gateway.singleflight import FlightAbandoned, SingleFlight
 from gateway.upstream import Upstream
 
@@ -86,17 +86,8 @@ def decide(
     policy: Policy, ctx: RequestContext, model: str, groups: Sequence[tuple[str, Sequence[str]]]
 ) -> Decision:
     """Run the policy over every group of texts (``input``, ``labels``...) as one decision."""
-    decisions = [
-        evaluate(policy, route=ctx.route, model=model, tenant=ctx.tenant, headers=ctx.headers,
-                 texts=texts, field=field)
-        for field, texts in groups
-    ]
-    if len(decisions) == 1:
-        return decisions[0]
-    first = decisions[0]
-    items: tuple[ItemDecision, ...] = tuple(i for d in decisions for i in d.items)
-    return Decision(rule=first.rule, policy_version=first.policy_version, items=items,
-                    cache=first.cache, scope=first.scope)
+    return evaluate_groups(policy, route=ctx.route, model=model, tenant=ctx.tenant,
+                           headers=ctx.headers, groups=groups)
 
 
 class Pipeline:
@@ -128,31 +119,24 @@ class Pipeline:
         self, ctx: RequestContext, model: str, groups: Sequence[tuple[str, Sequence[str]]]
     ) -> Decision:
         t0 = time.perf_counter()
-        decision = decide(self.policies.active, ctx, model, groups)
+        try:
+            decision = decide(self.policies.active, ctx, model, groups)
+        except PolicyRejected as exc:
+            record_rejection(self.metrics, exc)
+            raise
         shadow = self.policies.shadow
         if shadow is not None:
             try:
                 self.policies.compare_shadow(decision, decide(shadow, ctx, model, groups))
             except GatewayError:
                 self.policies.compare_shadow(decision, None)
-        self._record_decision(decision)
+        record_decision(self.metrics, decision)
         ctx.policy_tag = f"{decision.rule.name}@{decision.policy_version}"
         if self.log_request_text:  # a debug setting; off by default and in every shipped config
             log.debug("request texts", extra={"request_id": ctx.request_id,
                                                "texts": [i.text for i in decision.items]})
         ctx.add_timing("policy", time.perf_counter() - t0)
         return decision
-
-    def _record_decision(self, decision: Decision) -> None:
-        m = self.metrics
-        kind = "cache" if decision.cache else "no_cache"
-        if decision.cache and not all(i.store for i in decision.items):
-            kind = "no_store_items"
-        m.policy_decisions.labels(decision.rule.name, kind).inc()
-        actions = decision.rule.privacy.detectors
-        for item in decision.items:
-            for det in item.detectors:
-                m.pii_detections.labels(det, actions.get(det, "no_store")).inc()
 
     def keys(self, ctx: RequestContext, model: str, decision: Decision) -> list[CacheKey]:
         version = self.model_version(model) or "unknown"
@@ -185,8 +169,11 @@ class Pipeline:
         now = time.time()
         if read or (use_cache and rule.stale_if_error_s > 0):
             t0 = time.perf_counter()
-            unique = list(positions)
-            found = await self.cache.get_many(unique)
+            # Items the policy forbids to store are not read either (an entry written under an
+            # older policy must not answer them).
+            unique = [k for k, pos in positions.items()
+                      if all(decision.items[i].store for i in pos)]
+            found = await self.cache.get_many(unique) if unique else []
             ctx.add_timing("cache", time.perf_counter() - t0)
             for key, (entry, _tier) in zip(unique, found, strict=True):
                 for i in positions[key]:

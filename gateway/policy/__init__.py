@@ -1,9 +1,10 @@
 """Cache policies: which requests may be cached, for whom, how long, and what privacy demands.
 
-Pure parts (no I/O): ``model`` (the policy as values), ``normalize``, ``pii`` (detectors),
-``evaluate`` (policy x request -> ``Decision``). Files: ``loader`` (YAML + JSON Schema, errors with
-file, line and field). Live state: ``store`` (reload, polling, shadow comparison). ``cli``: the
-``policy check`` / ``policy explain`` commands.
+Pure parts (no I/O): ``model`` (the policy as values), ``normalize``, ``pii`` (the detector API)
+over ``detectors`` and ``tokens`` (the detectors themselves), ``evaluate`` (policy x request ->
+``Decision``). Files: ``loader`` with ``schema`` and ``yamlpos`` (YAML + JSON Schema, errors with
+file, line and field). Live state: ``store`` (reload, polling, shadow comparison, metrics).
+``cli``: the ``policy check`` and ``policy explain`` commands.
 """
 
 from gateway.policy.evaluate import Decision, ItemDecision, evaluate, evaluate_groups

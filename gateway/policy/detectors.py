@@ -2,17 +2,18 @@
 
 ``detect`` runs the wanted detectors over a ``Shape`` and returns ``(detector, start, end)``
 spans. On the hot path (text with no PII) a detector costs a few ``str.find`` calls on the shape,
-each a C-speed scan: full regex scans over the text cost ten times more. Only where a needle hits
-does an anchored regex run, followed by a validator (Luhn, mod-97, ``ipaddress``, entropy).
+each a C-speed scan: a regex scan over the text costs ten times more. Only where a needle hits
+does an anchored regex run, followed by a validator (Luhn, mod-97, ``ipaddress``). Secrets live
+in ``tokens``. Only ASCII digits count: a policy that wants full-width digits folded uses NFKC.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import math
 import re
-from collections import Counter
 from collections.abc import Collection, Iterator
+
+from gateway.policy.tokens import LONG_RUN, TOKEN_MAP, find_secrets
 
 _A = re.ASCII
 Span = tuple[str, int, int]
@@ -23,9 +24,6 @@ _CLASS_MAP = bytes.maketrans(
     b"0123456789" + _LETTERS + b"\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f",
     b"0" * 10 + b"a" * 52 + b"\t" * 9,
 )
-# Characters of API keys, tokens, JWTs and base64: runs of them are where secrets can hide.
-_TOKEN_CHARS = set(_LETTERS + b"0123456789+/=_.~-")
-_TOKEN_MAP = bytes(0x61 if i in _TOKEN_CHARS else 0x20 for i in range(256))
 
 
 class Shape:
@@ -49,7 +47,7 @@ class Shape:
     def tokens(self) -> str:
         """Token characters as ``a``, everything else as a space."""
         if self._tokens is None:
-            self._tokens = self.raw.translate(_TOKEN_MAP).decode("ascii")
+            self._tokens = self.raw.translate(TOKEN_MAP).decode("ascii")
         return self._tokens
 
 
@@ -256,63 +254,6 @@ def _ipv6s(s: Shape, out: list[Span]) -> None:
         out.append(("ip", i, j))
 
 
-# --- secrets ------------------------------------------------------------------------------------
-# Known token formats. Case variants cover text that the policy case-folded.
-_PREFIXED = re.compile(
-    r"sk-[A-Za-z0-9_-]{20,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{36,}"
-    r"|github_pat_[A-Za-z0-9_]{22,}|(?:AKIA|ASIA)[0-9A-Z]{16}|(?:akia|asia)[0-9a-z]{16}"
-    r"|xox[baprs]-[A-Za-z0-9-]{10,}|glpat-[A-Za-z0-9_-]{20,}|(?:AIza|aiza)[0-9A-Za-z_-]{35}"
-    r"|ey[Jj][A-Za-z0-9_-]{8,}\.ey[Jj][A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", _A)
-_BEARER = re.compile(r"(?i:bearer)\s+\Z")
-_HEX_RUN = re.compile(r"[0-9A-Fa-f]{32,}", _A)
-_PIECES = re.compile(r"[A-Za-z0-9+/_-]{32,}", _A)
-_LONG_RUN = "a" * 20
-
-
-def _entropy(s: str) -> float:
-    n = len(s)
-    return -sum(c / n * math.log2(c / n) for c in Counter(s).values())
-
-
-def _random_looking(s: str, hex_only: bool) -> bool:
-    digits = _digit_count(s)
-    if hex_only:
-        return 0 < digits < len(s) and _entropy(s) >= 3.0
-    if digits < 2:
-        return False
-    # Random base64 mixes cases; case-folded or base36 tokens make up for it with many digits.
-    # Long identifiers (snake_case_names_2024) have one case and few digits.
-    mixed = any(c.isupper() for c in s) and any(c.islower() for c in s)
-    return (mixed or digits * 4 >= len(s)) and _entropy(s) >= 4.0
-
-
-def _in_run(text: str, i: int, j: int, out: list[Span]) -> None:
-    """Secrets inside one run of token characters ``text[i:j]``."""
-    for m in _PREFIXED.finditer(text, i, j):
-        body = m.group()[4:]
-        if not _word_before(text, m.start()) and (m.group()[:4].isupper() or _digit_count(body)):
-            out.append(("secret", m.start(), m.end()))
-    if _BEARER.search(text, max(0, i - 16), i) is not None:
-        out.append(("secret", i, j))
-    if j - i >= 32:
-        for m in _HEX_RUN.finditer(text, i, j):
-            if not _word_before(text, m.start()) and _random_looking(m.group(), True):
-                out.append(("secret", m.start(), m.end()))
-        for m in _PIECES.finditer(text, i, j):
-            if _random_looking(m.group(), False):
-                out.append(("secret", m.start(), m.end()))
-
-
-def _secrets(s: Shape, out: list[Span]) -> None:
-    tokens = s.tokens
-    i = tokens.find(_LONG_RUN)
-    while i >= 0:
-        j = tokens.find(" ", i)
-        j = len(tokens) if j < 0 else j
-        _in_run(s.text, i, j, out)
-        i = tokens.find(_LONG_RUN, j)
-
-
 def detect(s: Shape, want: Collection[str]) -> list[Span]:
     """Every span the wanted detectors find, unordered; cheap necessary conditions first."""
     out: list[Span] = []
@@ -333,6 +274,6 @@ def detect(s: Shape, want: Collection[str]) -> list[Span]:
         _ipv4s(s, out)
     if "ip" in want and ":" in text:
         _ipv6s(s, out)
-    if "secret" in want and _LONG_RUN in s.tokens:
-        _secrets(s, out)
+    if "secret" in want and LONG_RUN in s.tokens:
+        find_secrets(s.text, s.tokens, out)
     return out

@@ -218,8 +218,12 @@ def load_policy(paths: Sequence[Path]) -> Policy:
 
 
 def lint(policy: Policy) -> list[PolicyIssue]:
-    """Warnings for a valid policy: rules that can never match (after a catch-all rule)."""
+    """Warnings for a valid policy: no rules at all, or rules after a catch-all (unreachable)."""
     warnings: list[PolicyIssue] = []
+    if not policy.rules:
+        warnings.append(PolicyIssue(",".join(policy.sources), None, "rules",
+                                    "no rules: every request is answered uncached",
+                                    severity="warning"))
     catch_all: Rule | None = None
     for rule in policy.rules:
         if catch_all is not None:

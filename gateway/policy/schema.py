@@ -2,7 +2,10 @@
 
 ``policies/schema.json`` is this dict written out for editors (a test keeps the two identical);
 the loader validates with it, so the published schema and the loader can never disagree.
-Regenerate the file with ``python -m gateway.policy.schema > policies/schema.json``.
+Regenerate the file after a change (from the repository root)::
+
+    python -c "from gateway.policy.schema import dumps; print(dumps(), end='')" \\
+        > policies/schema.json
 """
 
 from __future__ import annotations
@@ -120,7 +123,3 @@ SCHEMA: dict[str, Any] = {
 def dumps() -> str:
     """The schema as the text of ``policies/schema.json``."""
     return json.dumps(SCHEMA, indent=2) + "\n"
-
-
-if __name__ == "__main__":
-    print(dumps(), end="")

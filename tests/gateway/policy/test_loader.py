@@ -220,3 +220,11 @@ def test_policy_error_message_is_readable(tmp_path: Path) -> None:
     text = str(info.value)
     assert text.splitlines()[0] == "invalid policy (1 error):"
     assert f"{path}:3: rules[0].ttl:" in text
+
+
+def test_lint_warns_about_a_policy_without_rules(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.yaml", "rules: []\n")
+    policy = load_policy([path])
+    assert policy.match(route="/v1/embeddings", model="m", tenant="t", headers={}).cache is False
+    [warning] = lint(policy)
+    assert "no rules" in str(warning)
