@@ -11,6 +11,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -55,6 +56,7 @@ def _from_http_exception(exc: web.HTTPException) -> GatewayError:
 
 def make_error_middleware(metrics: GatewayMetrics) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Assign the request id, render every error as JSON, log and count each request."""
+    label_cache: dict[tuple[str, int, str], tuple[Any, Any]] = {}
 
     @web.middleware
     async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -75,9 +77,15 @@ def make_error_middleware(metrics: GatewayMetrics) -> Callable[..., Awaitable[we
         cache = response.headers.get("X-Cache", "NONE") if isinstance(response, web.Response) \
             else "NONE"
         elapsed = time.perf_counter() - t0
-        if route not in ("/metrics",):
-            metrics.requests.labels(route, str(response.status), cache).inc()
-            metrics.request_duration.labels(route, cache).observe(elapsed)
+        if route != "/metrics":
+            key = (route, response.status, cache)
+            children = label_cache.get(key)
+            if children is None:  # labels() costs a lock and a dict walk: resolve once per key
+                children = (metrics.requests.labels(route, str(response.status), cache),
+                            metrics.request_duration.labels(route, cache))
+                label_cache[key] = children
+            children[0].inc()
+            children[1].observe(elapsed)
         response.headers.setdefault("X-Request-Id", rid)
         if log.isEnabledFor(logging.INFO) and route not in _QUIET:
             log.info("request", extra={

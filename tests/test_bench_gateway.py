@@ -7,6 +7,7 @@ speed.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 from pathlib import Path
@@ -15,10 +16,11 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench import nginx, services, wrk
+from bench import nginx, overload, services, wrk
+from bench.gateway_latency import PathSamples
 from bench.gateway_probe import Probe, server_timing
 from bench.loadgen import Reply
-from bench.procs import Service
+from bench.procs import Service, busy_seconds
 from bench.slow_backend import SlowBackend
 
 WRKJSON = ('WRKJSON {"requests": 1000, "duration_us": 2000000, "bytes": 5000, "connect": 0, '
@@ -113,3 +115,24 @@ def test_nginx_caches_posts_and_wrk_measures_it() -> None:
         prefix = proxy.prefix
     assert not proxy.service.alive()
     assert not Path(prefix).exists()
+
+
+def test_busy_seconds_grows() -> None:
+    first = busy_seconds()
+    sum(i * i for i in range(200_000))  # burn a little CPU
+    assert busy_seconds() >= first > 0
+
+
+def test_outside_p50_subtracts_backend_time_per_request() -> None:
+    path = PathSamples("p", latency=[10.0, 12.0, 30.0], backend=[9.0, 10.0, math.nan])
+    assert path.outside_p50 == pytest.approx(1.5)
+    assert path.backend_p50 == pytest.approx(9.5)
+
+
+def test_overload_defaults_give_a_small_queue() -> None:
+    plan = overload.parse([])
+    assert (plan.tier_concurrency, plan.tier_queue) == (4, 1)
+    assert plan.settings() == {"tier_concurrency": 4, "tier_queue": 1,
+                               "default_timeout_ms": 1000}
+    quick = overload.parse(["--quick", "--slots", "8"])
+    assert (quick.rounds, quick.tier_concurrency, quick.tier_queue) == (1, 8, 2)

@@ -1,6 +1,7 @@
 """L1 in front of an optional L2: the cache as the request pipeline sees it.
 
-Lookups try L1 first (no I/O); only what L1 lacks, or holds only stale, goes to L2, in one MGET.
+Lookups try L1 first (no I/O); only what L1 lacks, or holds only stale, goes to L2, in one MGET
+(shared with the other lookups of the same event-loop tick: ``coalesce.py``).
 L2 hits are promoted into L1. Stores write L1 at once and L2 either awaited (bounded by its short
 timeout) or in a tracked background task that ``flush()`` and ``close()`` wait for. With no L2
 (the embedded default) this is just the LRU.
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter
 
+from gateway.cache.coalesce import LookupCoalescer
 from gateway.cache.entry import Entry
 from gateway.cache.memory import MemoryCache
 from gateway.cache.redis import RedisCache
@@ -53,6 +55,7 @@ class TieredCache:
         self.l2 = l2
         self._counts = _Counts(metrics) if metrics is not None else None
         self._pending: set[asyncio.Task[None]] = set()
+        self._l2_lookup = LookupCoalescer(l2).lookup if l2 is not None else None
 
     async def get_many(self, keys: Sequence[CacheKey]) -> list[tuple[Entry | None, str]]:
         """One ``(entry, tier)`` per key, in order; tier is ``"l1"``, ``"l2"`` or ``""``.
@@ -81,9 +84,9 @@ class TieredCache:
             counts.add("l1", "hit", len(keys) - len(ask))
             counts.add("l1", "stale", l1_stale)
             counts.add("l1", "miss", misses)
-        if not ask or self.l2 is None:
+        if not ask or self._l2_lookup is None:
             return out
-        found, ok = await self.l2.lookup([keys[i] for i in ask])
+        found, ok = await self._l2_lookup([keys[i] for i in ask])
         if not ok:
             if counts is not None:
                 counts.add("l2", "error", len(ask))
