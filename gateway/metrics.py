@@ -8,6 +8,7 @@ prometheus-client's multiprocess mode, so ``/metrics`` on any worker reports the
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -26,7 +27,17 @@ def multiprocess_enabled() -> bool:
 class GatewayMetrics:
     """Every metric the gateway exports, as attributes; one instance per app."""
 
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, resolved once: on the hit path ``labels()`` (a lock and
+        a dict walk per call) cost more than the cache lookup itself."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # In multiprocess mode values live in mmap files; objects must not be registered with the
         # collecting registry (the MultiProcessCollector reads the files instead).
         mp = multiprocess_enabled()

@@ -195,7 +195,7 @@ class Pipeline:
             for r in final:
                 r.status = BYPASS
         for r in final:
-            self.metrics.cache_items.labels(model, ctx.tenant, r.status.lower()).inc()
+            self.metrics.child(self.metrics.cache_items, model, ctx.tenant, r.status.lower()).inc()
         status = overall_status(statuses)
         age = max((r.age_s for r in final), default=0.0)
         ctx.cache_status = status
@@ -229,7 +229,7 @@ class Pipeline:
                 if decision.items[i].store:
                     stale_keys[keys[i]] = decision.items[i].text
         if saved_ms:
-            self.metrics.compute_saved.labels(model).inc(saved_ms / 1000.0)
+            self.metrics.child(self.metrics.compute_saved, model).inc(saved_ms / 1000.0)
         if stale_keys:
             self._refresh_in_background(ctx, model, decision, stale_keys)
 

@@ -57,11 +57,11 @@ def record_decision(metrics: GatewayMetrics, decision: Decision) -> None:
     kind = "cache" if decision.cache else "no_cache"
     if decision.cache and not all(item.store for item in decision.items):
         kind = "no_store_items"
-    metrics.policy_decisions.labels(decision.rule.name, kind).inc()
+    metrics.child(metrics.policy_decisions, decision.rule.name, kind).inc()
     actions = decision.rule.privacy.detectors
     for item in decision.items:
         for name in item.detectors:
-            metrics.pii_detections.labels(name, actions[name]).inc()
+            metrics.child(metrics.pii_detections, name, actions[name]).inc()
 
 
 def record_rejection(metrics: GatewayMetrics, error: PolicyRejected) -> None:
