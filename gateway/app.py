@@ -29,6 +29,7 @@ from gateway.middleware import make_error_middleware
 from gateway.oip_pipeline import OipPipeline
 from gateway.pipeline import Pipeline
 from gateway.policy.store import PolicyStore
+from gateway.render import FragmentCache
 from gateway.routing.balancer import Router
 from gateway.routing.config import BackendSpec, RoutingSettings
 from gateway.routing.health import HealthChecker
@@ -96,6 +97,7 @@ def create_app(
         ), metrics=metrics)
     cache = TieredCache(l1, l2, metrics=metrics)
     app[state.CACHE] = cache
+    app[state.FRAGMENTS] = FragmentCache()
     app.cleanup_ctx.append(_lifetime(handle_signals))
 
     app.router.add_post("/v1/embeddings", openai.embeddings)

@@ -57,6 +57,9 @@ class ItemResult:
     status: str
     age_s: float
     tokens: int
+    key: CacheKey | None = None
+    entry: Entry | None = None
+    """The cache entry this came from (hits): lets the renderer reuse its JSON."""
 
 
 @dataclass(slots=True)
@@ -221,10 +224,10 @@ class Pipeline:
             if max_age is not None and age > max_age:
                 continue
             if entry.is_fresh(now):
-                results[i] = _item(entry, HIT, age)
+                results[i] = _item(entry, HIT, age, keys[i])
                 saved_ms += entry.compute_ms
             elif entry.within_swr(now):
-                results[i] = _item(entry, STALE, age)
+                results[i] = _item(entry, STALE, age, keys[i])
                 saved_ms += entry.compute_ms
                 if decision.items[i].store:
                     stale_keys[keys[i]] = decision.items[i].text
@@ -318,7 +321,7 @@ class Pipeline:
             now = time.time()
             for i, entry in enumerate(entries):
                 if results[i] is None and entry is not None and entry.within_sie(now):
-                    results[i] = _item(entry, STALE, entry.age(now))
+                    results[i] = _item(entry, STALE, entry.age(now), keys[i])
         if any(r is None for r in results):
             raise failure
         log.info("served stale-if-error", extra={"request_id": ctx.request_id,
@@ -395,7 +398,7 @@ class Pipeline:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
 
-def _item(entry: Entry, status: str, age: float) -> ItemResult:
+def _item(entry: Entry, status: str, age: float, key: CacheKey) -> ItemResult:
     vector = np.frombuffer(entry.value, dtype=np.float32)
     tokens = _META.unpack(entry.meta)[0] if len(entry.meta) == _META.size else 0
-    return ItemResult(vector, status, age, tokens)
+    return ItemResult(vector, status, age, tokens, key, entry)

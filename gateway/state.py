@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from gateway.oip_pipeline import OipPipeline
     from gateway.pipeline import Pipeline
     from gateway.policy.store import PolicyStore
+    from gateway.render import FragmentCache
     from gateway.routing.balancer import Router
     from gateway.settings import Settings
     from gateway.stats import Stats
@@ -28,3 +29,4 @@ CACHE: web.AppKey[TieredCache] = web.AppKey("cache")
 ROUTER: web.AppKey[Router] = web.AppKey("router")
 UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream")
 STATS: web.AppKey[Stats] = web.AppKey("stats")
+FRAGMENTS: web.AppKey[FragmentCache] = web.AppKey("fragments")

@@ -51,13 +51,17 @@ async def embeddings(request: web.Request) -> web.Response:
         width = result.items[0].vector.shape[0]
         if not isinstance(dims, int) or isinstance(dims, bool) or not 0 < dims <= width:
             raise ValidationFailed("dimensions", f"must be an integer from 1 to {width}")
+    tokens = result.tokens
+    if dims is None and fmt == "float":
+        body = request.app[state.FRAGMENTS].embeddings_body(result.items, name, tokens)
+        return web.Response(body=body, content_type="application/json",
+                            headers=cache_headers(ctx, result.age_s))
     rows = []
     for index, item in enumerate(result.items):
         vec = item.vector if dims is None else _renormalise(item.vector[:dims])
         emb: Any = (base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii")
                     if fmt == "base64" else vec)
         rows.append({"object": "embedding", "index": index, "embedding": emb})
-    tokens = result.tokens
     payload = {"object": "list", "data": rows, "model": name,
                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
     return _json(payload, cache_headers(ctx, result.age_s))

@@ -1,0 +1,51 @@
+"""Embedding JSON assembled from cached fragments is byte-identical to orjson's whole render."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import orjson
+
+from gateway.cache.entry import Entry
+from gateway.keys import CacheKey, derive_key
+from gateway.pipeline import ItemResult
+from gateway.render import FragmentCache
+
+
+def _key(text: str) -> CacheKey:
+    return derive_key(route="/v1/embeddings", model="minilm", model_version="1", scope="t",
+                      normalization="n", canonical=text.encode())
+
+
+def _hit(text: str, vec: np.ndarray) -> ItemResult:
+    entry = Entry(vec.tobytes(), time.time(), 60.0)
+    return ItemResult(np.frombuffer(entry.value, dtype=np.float32), "HIT", 0.0, 5,
+                      _key(text), entry)
+
+
+def test_body_matches_a_whole_render() -> None:
+    rng = np.random.default_rng(3)
+    items = [_hit("a", rng.standard_normal(384).astype(np.float32)),
+             ItemResult(rng.standard_normal(384).astype(np.float32), "MISS", 0.0, 7)]
+    body = FragmentCache().embeddings_body(items, 'model "x"', 12)
+    whole = orjson.dumps({
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": it.vector}
+                 for i, it in enumerate(items)],
+        "model": 'model "x"', "usage": {"prompt_tokens": 12, "total_tokens": 12},
+    }, option=orjson.OPT_SERIALIZE_NUMPY)
+    assert body == whole
+
+
+def test_fragments_are_reused_per_entry_and_bounded() -> None:
+    cache = FragmentCache(max_entries=2)
+    vec = np.ones(4, dtype=np.float32)
+    first = _hit("a", vec)
+    assert cache.fragment(first) is cache.fragment(first)
+    # Same key, a new entry (refreshed): rendered anew, never the old bytes.
+    newer = _hit("a", vec * 2)
+    assert orjson.loads(cache.fragment(newer)) == [2.0] * 4
+    cache.fragment(_hit("b", vec))
+    cache.fragment(_hit("c", vec))
+    assert len(cache) == 2
