@@ -160,7 +160,9 @@ class Stats:
         policies: PolicyStore,
         clock: Callable[[], float] = time.time,
         max_tenants: int = 20,
+        redis: bool = False,
     ) -> None:
+        self._redis = redis
         self._registry = registry
         self._router = router
         self._policies = policies
@@ -209,6 +211,7 @@ class Stats:
             "queue_depth": s.sum_by("gateway_queue_depth", "tier"),
             "inflight": s.sum_by("gateway_upstream_inflight", "tier"),
             "redis_circuit_open": s.total("gateway_redis_circuit_open") > 0,
+            "redis_configured": self._redis,
             "backends": self._backends(s),
         }
 
