@@ -22,7 +22,8 @@ from gateway.cache.redis import RedisCache
 from gateway.cache.settings import RedisSettings
 from gateway.keys import CacheKey, derive_key
 from gateway.metrics import GatewayMetrics
-from tests.conftest import RedisServer, free_port
+from tests.conftest import RedisServer
+from tests.gateway.cache.blackhole import black_hole
 
 pytestmark = pytest.mark.redis
 
@@ -170,22 +171,8 @@ async def test_redis_killed_means_misses_then_automatic_recovery(
         await cache.close()
 
 
-async def _black_hole() -> tuple[asyncio.Server, int, list[asyncio.StreamWriter]]:
-    """A TCP server that accepts, reads everything, and never replies."""
-    writers: list[asyncio.StreamWriter] = []
-
-    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writers.append(writer)
-        while await reader.read(65536):
-            pass
-
-    port = free_port()
-    server = await asyncio.start_server(swallow, "127.0.0.1", port)
-    return server, port, writers
-
-
 async def test_redis_that_never_answers_times_out_to_misses() -> None:
-    server, port, writers = await _black_hole()
+    server, port, writers = await black_hole()
     cache = RedisCache(RedisSettings(url=f"redis://127.0.0.1:{port}/0", timeout_s=0.05,
                                      connect_timeout_s=0.05, failure_threshold=2, open_s=60))
     try:
@@ -205,7 +192,7 @@ async def test_redis_that_never_answers_times_out_to_misses() -> None:
 
 
 async def test_cancelled_caller_does_not_wedge_the_breaker(redis_url: str) -> None:
-    server, port, writers = await _black_hole()
+    server, port, writers = await black_hole()
     cache = RedisCache(RedisSettings(url=f"redis://127.0.0.1:{port}/0", timeout_s=5,
                                      failure_threshold=1, open_s=0.01))
     try:

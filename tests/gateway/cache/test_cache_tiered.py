@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,7 +16,7 @@ from gateway.cache.settings import RedisSettings
 from gateway.cache.tiered import TieredCache
 from gateway.keys import CacheKey, derive_key
 from gateway.metrics import GatewayMetrics
-from tests.conftest import free_port
+from tests.gateway.cache.blackhole import black_hole
 
 
 def k(text: str, scope: str = "tenant-a") -> CacheKey:
@@ -119,15 +118,7 @@ async def test_without_l2_it_is_just_the_lru() -> None:
 
 
 async def test_l2_down_serves_l1_and_counts_errors() -> None:
-    writers: list[asyncio.StreamWriter] = []
-
-    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writers.append(writer)
-        while await reader.read(65536):
-            pass
-
-    port = free_port()
-    server = await asyncio.start_server(swallow, "127.0.0.1", port)
+    server, port, writers = await black_hole()
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
     l2 = RedisCache(RedisSettings(url=f"redis://127.0.0.1:{port}/0", timeout_s=0.05,
