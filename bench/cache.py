@@ -9,6 +9,7 @@ shows how fast this machine runs Python at the moment.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 
@@ -95,14 +96,19 @@ def run(n: int) -> dict[str, float]:
     return {name: best_ns_per_op(fn, n) for name, fn in benches.items()}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench cache",
+                                     description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=100_000, help="operations per round")
+    parser.add_argument("--quick", action="store_true", help="10k operations per round")
     args = parser.parse_args(argv)
-    n = max(1, min(args.n, 5_000_000))
+    n = 10_000 if args.quick else max(1, min(args.n, 5_000_000))
+    print("| operation | ns/op |")
+    print("| --- | ---: |")
     for name, ns in run(n).items():
-        print(f"{name:32s} {ns:9.1f} ns/op")
+        print(f"| {name} | {ns:.1f} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -3,19 +3,22 @@
 Runs ``evaluate`` with the built-in default policy (every detector on) over 1 KB texts and prints
 microseconds per call. The first figure is the target case: ordinary prose with numbers (years,
 prices, order ids, versions) but no PII. The others show the cost when detectors fire, and for a
-non-ASCII text. Run: ``.venv/bin/python bench/policy.py [iterations per run]``.
+non-ASCII text. Run: ``python -m bench policy [--iterations N]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-# Run as a script, bench/ is first on sys.path and bench/gateway.py would shadow the package.
-sys.path[0] = str(Path(__file__).resolve().parent.parent)
+if not __package__:
+    # Run as a script, bench/ is first on sys.path and bench/gateway.py would shadow the package.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from gateway.policy import default_policy, evaluate  # noqa: E402
+from gateway.policy import default_policy, evaluate
 
 PROSE = (
     "Thanks for reaching out about order #48213 placed on 2024-03-14. The package shipped via "
@@ -57,14 +60,23 @@ def measure(text: str, iterations: int, repeats: int = 30) -> float:
     return best * 1e6
 
 
-def main() -> None:
-    iterations = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench policy [--iterations N]``: a Markdown table, us per call."""
+    parser = argparse.ArgumentParser(prog="python -m bench policy")
+    parser.add_argument("--iterations", type=int, default=2000, help="calls per timed run")
+    parser.add_argument("--quick", action="store_true", help="fewer calls")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    iterations = 200 if args.quick else max(1, args.iterations)
     cases = (("prose, no PII", PROSE), ("dense PII", PII), ("non-ASCII prose", UNICODE))
+    print("| 1 KB text | us per evaluate + PII scan | target |")
+    print("| --- | ---: | --- |")
     for name, text in cases:
         us = measure(_kilobyte(text), iterations)
-        target = " (target <= 20 us)" if name == "prose, no PII" else ""
-        print(f"policy evaluate + PII scan, 1 KB {name}: {us:.2f} us/call{target}")
+        target = "<= 20 us: " + ("met" if us <= 20 else "NOT met") if name == "prose, no PII" \
+            else "-"
+        print(f"| {name} | {us:.2f} | {target} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))
