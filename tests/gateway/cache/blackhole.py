@@ -19,3 +19,11 @@ async def black_hole() -> tuple[asyncio.Server, int, list[asyncio.StreamWriter]]
     port = free_port()
     server = await asyncio.start_server(swallow, "127.0.0.1", port)
     return server, port, writers
+
+
+async def close_black_hole(server: asyncio.Server, writers: list[asyncio.StreamWriter]) -> None:
+    """Stop one started by ``black_hole`` and drop its connections."""
+    for w in writers:
+        w.close()
+    server.close()
+    await server.wait_closed()

@@ -23,7 +23,7 @@ from gateway.cache.settings import RedisSettings
 from gateway.keys import CacheKey, derive_key
 from gateway.metrics import GatewayMetrics
 from tests.conftest import RedisServer
-from tests.gateway.cache.blackhole import black_hole
+from tests.gateway.cache.blackhole import black_hole, close_black_hole
 
 pytestmark = pytest.mark.redis
 
@@ -185,10 +185,7 @@ async def test_redis_that_never_answers_times_out_to_misses() -> None:
         assert not await cache.ping()
     finally:
         await cache.close()
-        for w in writers:
-            w.close()
-        server.close()
-        await server.wait_closed()
+        await close_black_hole(server, writers)
 
 
 async def test_cancelled_caller_does_not_wedge_the_breaker(redis_url: str) -> None:
@@ -204,10 +201,7 @@ async def test_cancelled_caller_does_not_wedge_the_breaker(redis_url: str) -> No
         assert not cache.circuit_open
     finally:
         await cache.close()
-        for w in writers:
-            w.close()
-        server.close()
-        await server.wait_closed()
+        await close_black_hole(server, writers)
 
 
 async def test_restart_between_calls_is_transparent(redis_url: str, revive: RedisServer) -> None:

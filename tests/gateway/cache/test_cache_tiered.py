@@ -16,7 +16,7 @@ from gateway.cache.settings import RedisSettings
 from gateway.cache.tiered import TieredCache
 from gateway.keys import CacheKey, derive_key
 from gateway.metrics import GatewayMetrics
-from tests.gateway.cache.blackhole import black_hole
+from tests.gateway.cache.blackhole import black_hole, close_black_hole
 
 
 def k(text: str, scope: str = "tenant-a") -> CacheKey:
@@ -135,7 +135,4 @@ async def test_l2_down_serves_l1_and_counts_errors() -> None:
         assert (registry.get_sample_value("gateway_cache_stores_total", {"tier": "l2"}) or 0) == 0
     finally:
         await cache.close()
-        for w in writers:
-            w.close()
-        server.close()
-        await server.wait_closed()
+        await close_black_hole(server, writers)
