@@ -35,14 +35,14 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-from bench import loadgen, services
-from bench.loadgen import LoadResult, Reply, Request, RequestFactory
+from bench import loadgen, openloop, services
+from bench.loadgen import LoadResult, Request, RequestFactory
 from bench.procs import Cores, busy_seconds, pinned, split_cores
 from bench.services import Server
 
@@ -64,6 +64,7 @@ class Plan:
     duration_s: float  # each phase's time cap
     overload: float
     cores: Cores
+    realtime: bool = True  # the open-loop generator at SCHED_FIFO priority when allowed
 
     def settings(self) -> dict[str, int]:
         """The gateway's admission settings (its config file)."""
@@ -87,6 +88,8 @@ def parse(argv: Sequence[str]) -> Plan:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase (5)")
     parser.add_argument("--overload", type=float, default=3.0, help="offered load / C (3)")
     parser.add_argument("--quick", action="store_true", help="1 round of 2 s phases")
+    parser.add_argument("--no-realtime", action="store_true",
+                        help="run the open-loop generator at normal priority")
     args = parser.parse_args(argv)
     concurrency = args.tier_concurrency or args.slots
     queue = args.tier_queue if args.tier_queue is not None else max(1, concurrency // 4)
@@ -99,7 +102,7 @@ def parse(argv: Sequence[str]) -> Plan:
         slots=args.slots, service_ms=args.service_ms, tier_concurrency=concurrency,
         tier_queue=queue, timeout_ms=args.timeout_ms, rounds=1 if args.quick else args.rounds,
         duration_s=min(args.duration, 2.0) if args.quick else args.duration,
-        overload=args.overload, cores=split_cores(),
+        overload=args.overload, cores=split_cores(), realtime=not args.no_realtime,
     )
 
 
@@ -109,13 +112,6 @@ def factory(url: str, phase: str) -> RequestFactory:
         body = orjson.dumps({"input": f"overload {phase} request {index}", "model": MODEL})
         return Request(url=url, body=body, headers=HEADERS)
     return make
-
-
-def retry_after(reply: Reply) -> Mapping[str, float]:
-    """1.0 under ``retry_after`` when a 503 carries a ``Retry-After`` header."""
-    if reply.status == 503:
-        return {"retry_after": float("Retry-After" in reply.headers)}
-    return {}
 
 
 @dataclass
@@ -148,47 +144,58 @@ class Phase:
         return loadgen.percentile([s.lag_s * 1000.0 for s in self.result.samples], 99)
 
 
-def run_rounds(plan: Plan, gateway: Server, backend: Server) -> list[Phase]:
-    """A warm-up, then per round: capacity, 0.7x C and overload (C of that round)."""
+def run_rounds(plan: Plan, gateway: Server, backend: Server, floor: Server) -> list[Phase]:
+    """A warm-up, then per round: capacity, 0.7x C, overload (C of that round) and the floor."""
     url = f"{gateway.url}/v1/embeddings"
     clients = plan.tier_concurrency + plan.tier_queue
     ideal = plan.slots * 1000.0 / plan.service_ms
     cap = int(ideal * plan.duration_s * 2) + 100  # a count bound well past what time allows
     phases: list[Phase] = []
 
-    async def measured(name: str, rnd: int, offered: float, make: RequestFactory) -> Phase:
-        cpu0, fake0, own0 = gateway.service.cpu_seconds(), backend.service.cpu_seconds(), \
+    def measured(name: str, rnd: int, offered: float, target: Server, tag: str) -> Phase:
+        cpu0, fake0, own0 = target.service.cpu_seconds(), backend.service.cpu_seconds(), \
             time.process_time()
         busy0 = busy_seconds()
+        result: LoadResult
         if math.isnan(offered):
-            result = await loadgen.run_closed(make, requests=cap, concurrency=clients,
-                                              max_duration_s=plan.duration_s)
+            result = loadgen.run(loadgen.run_closed(
+                factory(url, tag), requests=cap, concurrency=clients,
+                max_duration_s=plan.duration_s))
         else:
-            result = await loadgen.run_open(
-                make, rate_per_s=offered, requests=int(offered * plan.duration_s),
-                max_duration_s=plan.duration_s + 1.0, max_in_flight=4096,
-                inspect=retry_after)
+            result = openloop.run(
+                target.host, target.port, wire_factory(target, tag), rate_per_s=offered,
+                requests=int(offered * plan.duration_s), max_duration_s=plan.duration_s,
+                max_connections=1024, timeout_s=plan.timeout_ms / 1000.0 + 5.0,
+                realtime=plan.realtime)
         wall = max(result.wall_s, 1e-9)
-        gw = gateway.service.cpu_seconds() - cpu0
-        ours = gw + backend.service.cpu_seconds() - fake0 + time.process_time() - own0
-        return Phase(name, rnd, offered, result, gw / wall,
+        used = target.service.cpu_seconds() - cpu0
+        fake = backend.service.cpu_seconds() - fake0 if target is gateway else 0.0
+        ours = used + fake + time.process_time() - own0
+        return Phase(name, rnd, offered, result, used / wall,
                      max(0.0, busy_seconds() - busy0 - ours) / wall)
 
-    async def go() -> None:
-        await loadgen.run_closed(factory(url, "warm"), requests=300, concurrency=clients,
-                                 max_duration_s=30)
-        for rnd in range(1, plan.rounds + 1):
-            capacity = await measured("capacity C, closed loop", rnd, math.nan,
-                                      factory(url, f"c{rnd}"))
-            c = capacity.goodput
-            base = await measured("0.7x C, open loop", rnd, 0.7 * c, factory(url, f"b{rnd}"))
-            over = await measured(f"{plan.overload:g}x C, open loop", rnd, plan.overload * c,
-                                  factory(url, f"o{rnd}"))
-            phases.extend((capacity, base, over))
-
     with pinned(plan.cores.client):
-        loadgen.run(go())
+        loadgen.run(loadgen.run_closed(factory(url, "warm"), requests=300, concurrency=clients,
+                                       max_duration_s=30))
+        for rnd in range(1, plan.rounds + 1):
+            capacity = measured("capacity C, closed loop", rnd, math.nan, gateway, f"c{rnd}")
+            c = capacity.goodput
+            base = measured("0.7x C, open loop", rnd, 0.7 * c, gateway, f"b{rnd}")
+            over = measured(f"{plan.overload:g}x C, open loop", rnd, plan.overload * c,
+                            gateway, f"o{rnd}")
+            hello = measured(f"floor: hello-world at {plan.overload:g}x C", rnd,
+                             plan.overload * c, floor, f"f{rnd}")
+            phases.extend((capacity, base, over, hello))
     return phases
+
+
+def wire_factory(target: Server, phase: str) -> Callable[[int], bytes]:
+    """The open-loop generator's requests: whole HTTP/1.1 requests, unique per index."""
+    def make(index: int) -> bytes:
+        body = orjson.dumps({"input": f"overload {phase} request {index}", "model": MODEL})
+        return openloop.request_bytes(target.host, target.port, "/v1/embeddings", body,
+                                      {"Cache-Control": "no-store"})
+    return make
 
 
 def main(argv: list[str]) -> int:
@@ -202,8 +209,9 @@ def main(argv: list[str]) -> int:
                 cores=plan.cores.client, slots=plan.slots, service_ms=plan.service_ms))
             gateway = stack.enter_context(services.gateway(
                 backend.url, cores=plan.cores.server, settings=plan.settings()))
+            floor = stack.enter_context(services.hello(cores=plan.cores.server))
             before = _rss_kib(gateway)
-            phases = run_rounds(plan, gateway, backend)
+            phases = run_rounds(plan, gateway, backend, floor)
             rss = (before, _rss_kib(gateway))
     except (RuntimeError, OSError) as exc:
         print(f"bench overload: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -217,19 +225,28 @@ def main(argv: list[str]) -> int:
 def report(plan: Plan, phases: list[Phase], rss: tuple[int, int]) -> str:
     """The Markdown report: settings, one row per phase and round, targets."""
     settings = ", ".join(f"{k}={v}" for k, v in plan.settings().items())
+    opened = [p.result for p in phases if isinstance(p.result, openloop.Result)]
+    stamps = "kernel receive timestamps (SO_TIMESTAMPNS)" if opened and all(
+        r.kernel_stamps for r in opened) else "receive times read from the clock"
+    priority = "real-time (SCHED_FIFO 1)" if opened and all(r.realtime for r in opened) \
+        else "normal"
     lines = [
         f"Machine: {os.cpu_count()} logical CPUs; Python {platform.python_version()}. "
-        f"Pinning: {plan.cores.describe()} (the fake backend shares the load generator's CPU).",
+        f"Pinning: {plan.cores.describe()} (the fake backend shares the load generator's CPU; "
+        "the hello-world floor server gets the gateway's).",
         "",
         f"Backend: fake OIP, {plan.slots} slots x {plan.service_ms:g} ms (ideal "
         f"{plan.slots * 1000 / plan.service_ms:.0f} req/s). Gateway (1 worker): {settings}. "
         f"Every request a miss (unique text, `Cache-Control: no-store`). {plan.rounds} "
-        f"round(s) of three {plan.duration_s:g} s phases. Latency counts from the scheduled send "
+        f"round(s) of four {plan.duration_s:g} s phases. Open-loop phases: `bench/openloop.py`, "
+        f"{stamps}, generator priority {priority}. Latency counts from the scheduled send "
         "time; 'send lag' is how late the generator was; 'other CPU' is what processes outside "
-        "the test used (a shared machine's noise; 0 when it was quiet).",
+        "the test used (a shared machine's noise; 0 when it was quiet). The floor phase sends "
+        "the same requests at the same rate to a bare aiohttp hello-world on the gateway's CPU: "
+        "the latency any aiohttp server has here before doing any work.",
         "",
         "| round | phase | offered req/s | sent | 2xx/s | 2xx p50 ms | 2xx p99 ms | 503 "
-        "| 503 p99 ms | 503 p99 from send, ms | send lag p99 ms | other statuses | gateway CPU "
+        "| 503 p99 ms | 503 p99 from send, ms | send lag p99 ms | other statuses | server CPU "
         "| other CPU |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
         "| ---: | ---: |",
@@ -239,20 +256,23 @@ def report(plan: Plan, phases: list[Phase], rss: tuple[int, int]) -> str:
         shed = p.latencies(503)
         lines.append(
             f"| {p.round} | {p.name} | {_num(p.offered, 0)} | {len(p.result.samples)} | "
-            f"{p.goodput:.1f} | {p.result.latency_ms(50):.1f} | {p.result.latency_ms(99):.1f} "
+            f"{p.goodput:.1f} | {p.result.latency_ms(50):.2f} | {p.result.latency_ms(99):.2f} "
             f"| {len(shed)} | {_num(p.p99(503), 2)} | {_num(p.p99(503, from_send=True), 2)} | "
             f"{_num(p.lag_p99, 2)} | {other or '-'} | {p.gateway_cpu:.2f} | "
             f"{p.other_cpu:.2f} |")
     lines.append("")
-    rounds = [phases[i:i + 3] for i in range(0, len(phases) - 2, 3)]
+    rounds = [phases[i:i + 4] for i in range(0, len(phases) - 3, 4)]
     if rounds:
-        goodput = _median([o.goodput / c.goodput for c, _b, o in rounds])
+        goodput = _median([o.goodput / c.goodput for c, _b, o, _f in rounds])
         ratio = _median([o.result.latency_ms(99) / b.result.latency_ms(99)
-                         for _c, b, o in rounds])
-        shed_p99 = _median([o.p99(503) for _c, _b, o in rounds])
-        shed_send = _median([o.p99(503, from_send=True) for _c, _b, o in rounds])
-        sheds = [s for _c, _b, o in rounds for s in o.result.samples if s.status == 503]
+                         for _c, b, o, _f in rounds])
+        shed_p99 = _median([o.p99(503) for _c, _b, o, _f in rounds])
+        shed_send = _median([o.p99(503, from_send=True) for _c, _b, o, _f in rounds])
+        floor_p99 = _median([f.result.latency_ms(99) for _c, _b, _o, f in rounds])
+        over_floor = _median([o.p99(503) / f.result.latency_ms(99) for _c, _b, o, f in rounds])
+        sheds = [s for _c, _b, o, _f in rounds for s in o.result.samples if s.status == 503]
         with_retry = sum(1 for s in sheds if s.info and s.info.get("retry_after"))
+        skipped = sum(o.result.shed + b.result.shed for _c, b, o, _f in rounds)
         lines += [
             f"| target (median over {len(rounds)} round(s)) | measured | goal | met |",
             "| --- | ---: | ---: | :---: |",
@@ -260,10 +280,12 @@ def report(plan: Plan, phases: list[Phase], rss: tuple[int, int]) -> str:
             _target("admitted p99 at overload / p99 at 0.7x C", ratio, TARGET_P99_RATIO, False),
             _target("shed (503) p99, ms", shed_p99, TARGET_SHED_MS, False),
             f"| shed (503) p99 from the actual send, ms (info) | {shed_send:.3f} | - | - |",
+            f"| floor: hello-world p99 at the same rate, ms (info) | {floor_p99:.3f} | - | - |",
+            f"| shed p99 / floor p99, same round (info) | {over_floor:.2f} | - | - |",
             "",
-            f"- C per round: {', '.join(f'{c.goodput:.1f}' for c, _b, _o in rounds)} req/s; "
-            f"the open-loop generator skipped {sum(o.result.shed for _c, _b, o in rounds)} "
-            "arrival(s) itself (0 = it never hit its in-flight bound).",
+            f"- C per round: {', '.join(f'{c.goodput:.1f}' for c, _b, _o, _f in rounds)} "
+            f"req/s; the open-loop generator skipped {skipped} arrival(s) itself (0 = it never "
+            "ran out of connections).",
             f"- 503s carrying Retry-After: {with_retry}/{len(sheds)}.",
             f"- Gateway RSS: {rss[0] / 1024:.1f} MiB before the rounds, {rss[1] / 1024:.1f} MiB "
             "after.",

@@ -37,6 +37,11 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def host(self) -> str:
+        """The loopback address every bench service listens on."""
+        return "127.0.0.1"
+
+    @property
     def host_port(self) -> str:
         """``127.0.0.1:PORT`` (for nginx's upstream)."""
         return f"127.0.0.1:{self.port}"

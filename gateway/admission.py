@@ -11,6 +11,10 @@ A request either gets a slot at once, waits in its tier's queue, or is shed at o
 
 Memory stays bounded: the queue never holds more than ``tier_queue`` waiters per tier. Each
 tier's service time is an EWMA of how long slots are held, fed by ``Slot.release``.
+
+The limit is ``tier_concurrency``, or with ``RoutingSettings.adaptive`` set, a per-tier
+``GradientLimit`` (gateway/adaptive.py) moving under that ceiling with the latency the tier's
+calls show; when it rises, queued requests are granted at once.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
+from gateway.adaptive import GradientLimit
 from gateway.errors import DeadlineExceeded, Overloaded
 from gateway.metrics import GatewayMetrics
 from gateway.routing.config import RoutingSettings
@@ -30,10 +35,11 @@ _ALPHA = 0.2  # weight of the newest service-time sample
 
 
 class _TierQueue:
-    __slots__ = ("active", "ewma_s", "samples", "waiters")
+    __slots__ = ("active", "adaptive", "ewma_s", "samples", "waiters")
 
-    def __init__(self) -> None:
+    def __init__(self, adaptive: GradientLimit | None) -> None:
         self.active = 0
+        self.adaptive = adaptive
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.ewma_s = 0.0
         self.samples = 0
@@ -45,10 +51,12 @@ class Slot:
     Usable as ``async with await admission.acquire(...)``, or call ``release()``.
     """
 
-    __slots__ = ("_admission", "_granted_at", "_released", "queued_s", "tier")
+    __slots__ = ("_admission", "_epoch", "_granted_at", "_released", "queued_s", "tier")
 
-    def __init__(self, admission: Admission, tier: str, granted_at: float, queued_s: float):
+    def __init__(self, admission: Admission, tier: str, granted_at: float, queued_s: float,
+                 epoch: int = 0):
         self._admission = admission
+        self._epoch = epoch
         self._granted_at = granted_at
         self._released = False
         self.tier = tier
@@ -67,7 +75,8 @@ class Slot:
         if not self._released:
             self._released = True
             if observe:
-                self._admission.observe(self._admission.clock() - self._granted_at, tier=self.tier)
+                self._admission.observe(self._admission.clock() - self._granted_at,
+                                        tier=self.tier, epoch=self._epoch)
             self._admission._release(self.tier)
 
     async def __aenter__(self) -> Slot:
@@ -92,6 +101,7 @@ class Admission:
     ) -> None:
         self._limit = settings.tier_concurrency
         self._queue_limit = settings.tier_queue
+        self._adaptive = settings.adaptive
         self._metrics = metrics
         self.clock = clock
         self._tiers: dict[str, _TierQueue] = {}
@@ -99,8 +109,22 @@ class Admission:
     def _tier(self, tier: str) -> _TierQueue:
         state = self._tiers.get(tier)
         if state is None:
-            state = self._tiers[tier] = _TierQueue()
+            adaptive = None if self._adaptive is None else GradientLimit(
+                self._adaptive, self._limit, clock=self.clock)
+            state = self._tiers[tier] = _TierQueue(adaptive)
+            self._limit_gauge(tier, state)
         return state
+
+    def _limit_of(self, state: _TierQueue) -> int:
+        return self._limit if state.adaptive is None else state.adaptive.limit
+
+    def limit(self, tier: str) -> int:
+        """``tier``'s concurrency limit now (``tier_concurrency`` unless adaptive)."""
+        return self._limit_of(self._tier(tier))
+
+    def adaptive(self, tier: str) -> GradientLimit | None:
+        """``tier``'s adaptive limit controller, or None when the limit is fixed."""
+        return self._tier(tier).adaptive
 
     def queue_depth(self, tier: str) -> int:
         """Requests waiting in ``tier``'s queue now."""
@@ -115,12 +139,12 @@ class Admission:
         return self._tier(tier).ewma_s
 
     def _drain_s(self, state: _TierQueue, position: int) -> float:
-        return position / self._limit * state.ewma_s
+        return position / self._limit_of(state) * state.ewma_s
 
     def check(self, tier: str, *, deadline: float) -> Overloaded | None:
         """Why ``acquire`` would shed now, or None if it would admit or queue. No side effects."""
         state = self._tier(tier)
-        if state.active < self._limit and not state.waiters:
+        if state.active < self._limit_of(state) and not state.waiters:
             return None
         queued = len(state.waiters)
         if queued >= self._queue_limit:
@@ -139,7 +163,7 @@ class Admission:
     def try_acquire(self, tier: str) -> Slot | None:
         """A slot only if one is free right now (hedged copies never queue)."""
         state = self._tier(tier)
-        if state.active >= self._limit or state.waiters:
+        if state.active >= self._limit_of(state) or state.waiters:
             return None
         return self._grant(tier, state, queued_s=0.0)
 
@@ -160,7 +184,7 @@ class Admission:
                 self._shed(refusal.reason)
             raise refusal
         state = self._tier(tier)
-        if state.active < self._limit and not state.waiters:
+        if state.active < self._limit_of(state) and not state.waiters:
             return self._grant(tier, state, queued_s=0.0)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         state.waiters.append(waiter)
@@ -185,32 +209,50 @@ class Admission:
             raise
         # _release already counted this slot as active when it woke us.
         now = self.clock()
-        return Slot(self, tier, now, queued_s=max(now - start, 1e-9))
+        return Slot(self, tier, now, queued_s=max(now - start, 1e-9), epoch=self._epoch(state))
 
     def _grant(self, tier: str, state: _TierQueue, *, queued_s: float) -> Slot:
         state.active += 1
         self._gauges(tier, state)
-        return Slot(self, tier, self.clock(), queued_s=queued_s)
+        return Slot(self, tier, self.clock(), queued_s=queued_s, epoch=self._epoch(state))
+
+    @staticmethod
+    def _epoch(state: _TierQueue) -> int:
+        return 0 if state.adaptive is None else state.adaptive.granted()
 
     def _release(self, tier: str) -> None:
         state = self._tier(tier)
         state.active -= 1
-        while state.waiters:
+        self._wake(state)
+        self._gauges(tier, state)
+
+    def _wake(self, state: _TierQueue) -> None:
+        """Hands free slots to the oldest waiters (more than one when the limit rose)."""
+        while state.waiters and state.active < self._limit_of(state):
             waiter = state.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 state.active += 1
-                break
-        self._gauges(tier, state)
 
-    def observe(self, service_time_s: float, *, tier: str | None = None) -> None:
-        """Feed a slot-hold time into ``tier``'s EWMA (every known tier when None)."""
+    def observe(self, service_time_s: float, *, tier: str | None = None,
+                epoch: int | None = None) -> None:
+        """Feed a slot-hold time into ``tier``'s EWMA (every known tier when None) and, for a
+        call granted in adaptive ``epoch``, into the tier's adaptive limit."""
         targets = [self._tier(tier)] if tier is not None else list(self._tiers.values())
         for state in targets:
             state.ewma_s = service_time_s if not state.samples else (
                 _ALPHA * service_time_s + (1.0 - _ALPHA) * state.ewma_s
             )
             state.samples += 1
+        if tier is not None and epoch is not None:
+            state = self._tier(tier)
+            if state.adaptive is not None:
+                before = state.adaptive.limit
+                state.adaptive.observe(service_time_s, epoch)
+                if state.adaptive.limit != before:
+                    self._wake(state)
+                    self._limit_gauge(tier, state)
+                    self._gauges(tier, state)
 
     def _shed(self, reason: str) -> None:
         if self._metrics is not None:
@@ -220,3 +262,9 @@ class Admission:
         if self._metrics is not None:
             self._metrics.queue_depth.labels(tier).set(len(state.waiters))
             self._metrics.inflight.labels(tier).set(state.active)
+
+    def _limit_gauge(self, tier: str, state: _TierQueue) -> None:
+        if self._metrics is not None:
+            self._metrics.concurrency_limit.labels(tier).set(self._limit_of(state))
+            if state.adaptive is not None:
+                self._metrics.min_rtt.labels(tier).set(state.adaptive.min_rtt_s)

@@ -18,6 +18,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway import ops_routes, state
+from gateway.adaptive import AdaptiveSettings
 from gateway.admission import Admission
 from gateway.cache.memory import MemoryCache
 from gateway.cache.redis import RedisCache
@@ -50,6 +51,19 @@ def routing_settings(settings: Settings) -> RoutingSettings:
         pool_size=settings.pool_size, hedge_after_p95=settings.hedge,
         tier_concurrency=settings.tier_concurrency, tier_queue=settings.tier_queue,
         default_timeout_ms=settings.default_timeout_ms, models=settings.models,
+        adaptive=adaptive_settings(settings),
+    )
+
+
+def adaptive_settings(settings: Settings) -> AdaptiveSettings | None:
+    """The adaptive limit's settings, or None when ``adaptive_concurrency`` is off."""
+    if not settings.adaptive_concurrency:
+        return None
+    return AdaptiveSettings(
+        window_s=settings.adaptive_window_ms / 1000.0, percentile=settings.adaptive_percentile,
+        buffer=settings.adaptive_buffer, min_limit=settings.adaptive_min_limit,
+        probe_interval_s=settings.adaptive_probe_interval_s,
+        probe_requests=settings.adaptive_probe_requests,
     )
 
 

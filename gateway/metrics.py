@@ -122,6 +122,16 @@ class GatewayMetrics:
             "gateway_upstream_inflight", "Backend calls in flight, by tier.", ["tier"],
             registry=reg, multiprocess_mode="livesum",
         )
+        self.concurrency_limit = Gauge(
+            "gateway_concurrency_limit",
+            "Backend calls allowed in flight per tier (tier_concurrency, or the adaptive limit).",
+            ["tier"], registry=reg, multiprocess_mode="livesum",
+        )
+        self.min_rtt = Gauge(
+            "gateway_adaptive_min_rtt_seconds",
+            "The adaptive limit's ideal latency (minRTT) per tier; 0 before its first probe.",
+            ["tier"], registry=reg, multiprocess_mode="livemax",
+        )
         self.shed = Counter(
             "gateway_shed_total", "Requests shed with 503/504, by reason.", ["reason"],
             registry=reg,

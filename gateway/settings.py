@@ -107,6 +107,21 @@ class Settings:
     """Backend calls in flight per locality tier before requests queue."""
     tier_queue: int = 256
     """Requests allowed to wait per tier; past it, 503 at once."""
+    adaptive_concurrency: bool = False
+    """Let each tier's limit follow backend latency (Envoy's gradient controller) under
+    tier_concurrency."""
+    adaptive_window_ms: float = 100.0
+    """Adaptive limit: how often it is recomputed."""
+    adaptive_percentile: float = 50.0
+    """Adaptive limit: the latency percentile that stands for a window and for minRTT."""
+    adaptive_buffer: float = 0.25
+    """Adaptive limit: latency tolerated above minRTT, as a share of it, before the limit falls."""
+    adaptive_min_limit: int = 3
+    """Adaptive limit: its floor, and the limit while minRTT is measured."""
+    adaptive_probe_interval_s: float = 30.0
+    """Adaptive limit: time between minRTT measurements (plus up to 10% jitter)."""
+    adaptive_probe_requests: int = 50
+    """Adaptive limit: calls one minRTT measurement takes."""
     hedge: bool = False
     """Send a second copy to another backend after the tier's p95."""
     log_level: str = "INFO"
@@ -125,6 +140,20 @@ class Settings:
                 raise SettingsError(f"{name}: must be > 0 (got {getattr(self, name)})")
         if self.tier_queue < 0:
             raise SettingsError("tier_queue: must be >= 0")
+        for name in ("adaptive_window_ms", "adaptive_probe_interval_s", "adaptive_min_limit",
+                     "adaptive_probe_requests"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name}: must be > 0 (got {getattr(self, name)})")
+        if not 0 < self.adaptive_percentile <= 100:
+            raise SettingsError(
+                f"adaptive_percentile: must be in (0, 100] (got {self.adaptive_percentile})")
+        if not 0 <= self.adaptive_buffer <= 10:
+            raise SettingsError(
+                f"adaptive_buffer: must be between 0 and 10 (got {self.adaptive_buffer})")
+        if self.adaptive_concurrency and self.adaptive_min_limit > self.tier_concurrency:
+            raise SettingsError(
+                f"adaptive_min_limit: {self.adaptive_min_limit} is above tier_concurrency "
+                f"({self.tier_concurrency}), the adaptive limit's ceiling")
         for name in ("redis_timeout_ms", "connect_timeout_ms", "read_timeout_ms",
                      "health_interval_s", "policy_poll_s"):
             if getattr(self, name) <= 0:

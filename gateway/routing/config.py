@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from gateway.adaptive import AdaptiveSettings
+
 
 def _positive(name: str, value: float) -> None:
     if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
@@ -98,9 +100,12 @@ class RoutingSettings:
         hedge_after_p95: after the tier's observed p95, send a second copy to another backend and
             take the first answer.
         hedge_min_samples: latency samples a tier needs before hedging starts.
-        tier_concurrency: calls in flight per tier before requests queue.
+        tier_concurrency: calls in flight per tier before requests queue; with ``adaptive``, the
+            ceiling the adaptive limit moves under.
         tier_queue: requests that may wait per tier; more are shed at once (503).
         default_timeout_ms: deadline of a request that does not set ``X-Request-Timeout-Ms``.
+        adaptive: an adaptive concurrency limit per tier (gateway/adaptive.py); None for the
+            fixed ``tier_concurrency``.
         models: models whose versions the health checker reads from the backends.
     """
 
@@ -124,6 +129,7 @@ class RoutingSettings:
     tier_concurrency: int = 64
     tier_queue: int = 256
     default_timeout_ms: int = 10_000
+    adaptive: AdaptiveSettings | None = None
     models: tuple[str, ...] = ("minilm",)
 
     def __post_init__(self) -> None:
@@ -153,6 +159,11 @@ class RoutingSettings:
         _at_least("tier_concurrency", self.tier_concurrency, 1)
         _at_least("tier_queue", self.tier_queue, 0)
         _at_least("default_timeout_ms", self.default_timeout_ms, 1)
+        if self.adaptive is not None and self.adaptive.min_limit > self.tier_concurrency:
+            raise ValueError(
+                f"tier_concurrency ({self.tier_concurrency}) must be >= the adaptive min_limit "
+                f"({self.adaptive.min_limit})"
+            )
         for name in ("retry", "hedge_after_p95"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")

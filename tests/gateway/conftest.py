@@ -21,6 +21,7 @@ from gateway.app import create_app
 from gateway.settings import load_settings
 from gateway.tenants import Tenants
 from tests.conftest import REPO, free_port
+from tests.gateway.upstream_rig import build, fakes  # noqa: F401 (shared fixtures)
 
 
 @dataclass

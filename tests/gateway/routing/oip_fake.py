@@ -50,6 +50,7 @@ class FakeBackend:
         self.error_status: int | None = None
         self.ready = True
         self.health_delay_s = 0.0
+        self.slots: int | None = None  # a capacity: past it, calls wait (set before start)
         # observations
         self.infer_requests = 0
         self.completed = 0
@@ -59,6 +60,7 @@ class FakeBackend:
         self.health_requests = 0
         self.last_headers: Mapping[str, str] = {}
         self._runner: web.AppRunner | None = None
+        self._slots: asyncio.Semaphore | None = None
 
     @property
     def url(self) -> str:
@@ -69,6 +71,7 @@ class FakeBackend:
         return self._runner is not None
 
     async def start(self) -> None:
+        self._slots = asyncio.Semaphore(self.slots) if self.slots else None
         app = web.Application()
         app.router.add_get("/v2/health/ready", self._ready)
         app.router.add_get("/v2/models/{name}", self._metadata)
@@ -133,7 +136,11 @@ class FakeBackend:
         if self.hang:
             await asyncio.sleep(60)
         if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+            if self._slots is not None:
+                async with self._slots:
+                    await asyncio.sleep(self.delay_s)
+            else:
+                await asyncio.sleep(self.delay_s)
         if self.garbage:
             return web.Response(body=b'{"outputs": [', content_type="application/json",
                                 headers=rid)

@@ -1,0 +1,161 @@
+"""An adaptive concurrency limit per tier: the gradient controller of Envoy's filter.
+
+The limit follows the latency the tier's backends show, so the gateway needs no hand-tuned
+``tier_concurrency`` to stop queueing inside the backends:
+
+- **minRTT**: the ideal latency, measured in a *probe window*: the limit drops to ``min_limit``
+  and the ``percentile`` of the next ``probe_requests`` calls (granted inside the window) is
+  the new minRTT; then the limit from before the window comes back. A probe runs at start, every
+  ``probe_interval_s`` (plus up to 10% random jitter, so replicas do not probe in step), and
+  after five windows in a row that ended at ``min_limit`` (the old minRTT may be stale).
+- **sampleRTT**: the ``percentile`` of the calls that finished in the last ``window_s``.
+- Each window: ``gradient = minRTT x (1 + buffer) / sampleRTT``, clamped to [0.5, 2];
+  ``limit = gradient x limit + sqrt(gradient x limit)`` (the square root is headroom for bursts),
+  clamped to [``min_limit``, ``max_limit``] (``max_limit`` is ``tier_concurrency``).
+
+When latency rises above minRTT plus the buffer (the backend queues), the limit falls; while it
+stays near minRTT the limit grows by about its square root per window. Pure bookkeeping, no I/O,
+no timers: it advances as samples arrive, on the caller's clock.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_GRADIENT_MIN, _GRADIENT_MAX = 0.5, 2.0
+_JITTER = 0.1  # probe start delayed by up to this share of the interval
+_MIN_WINDOWS_BEFORE_PROBE = 5
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AdaptiveSettings:
+    """The gradient controller's knobs (Envoy's names in brackets).
+
+    Attributes:
+        window_s: how often the limit is recomputed [concurrency_update_interval].
+        percentile: which percentile of a window's latencies stands for it
+            [sample_aggregate_percentile].
+        buffer: latency above minRTT tolerated before the limit falls, as a share of minRTT
+            [min_rtt_calc_params.buffer].
+        min_limit: the limit during a probe window and the floor at all times
+            [min_rtt_calc_params.min_concurrency].
+        probe_interval_s: time between minRTT probes [min_rtt_calc_params.interval].
+        probe_requests: calls a probe measures [min_rtt_calc_params.request_count].
+    """
+
+    window_s: float = 0.1
+    percentile: float = 50.0
+    buffer: float = 0.25
+    min_limit: int = 3
+    probe_interval_s: float = 30.0
+    probe_requests: int = 50
+
+    def __post_init__(self) -> None:
+        for name in ("window_s", "probe_interval_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"adaptive {name} must be a finite number > 0, got {value!r}")
+        if not (isinstance(self.percentile, int | float) and 0 < self.percentile <= 100):
+            raise ValueError(f"adaptive percentile must be in (0, 100], got {self.percentile!r}")
+        if not (isinstance(self.buffer, int | float) and 0 <= self.buffer <= 10):
+            raise ValueError(f"adaptive buffer must be between 0 and 10, got {self.buffer!r}")
+        for name in ("min_limit", "probe_requests"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"adaptive {name} must be an integer >= 1, got {value!r}")
+
+
+class GradientLimit:
+    """One tier's adaptive limit. ``limit`` is read on every admission decision; call
+    ``granted()`` when a call starts (it returns the epoch to hand back) and ``observe()`` with
+    that epoch and the call's latency when it ends."""
+
+    __slots__ = ("_clock", "_deferred", "_epoch", "_min_windows", "_next_probe", "_rng",
+                 "_samples", "_settings", "_window_end", "limit", "max_limit", "min_rtt_s",
+                 "probing", "sample_rtt_s")
+
+    def __init__(self, settings: AdaptiveSettings, max_limit: int, *,
+                 clock: Callable[[], float], rng: random.Random | None = None) -> None:
+        if max_limit < settings.min_limit:
+            raise ValueError(f"tier_concurrency ({max_limit}) must be >= the adaptive "
+                             f"min_limit ({settings.min_limit})")
+        self._settings = settings
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self.max_limit = max_limit
+        self.limit = settings.min_limit
+        self.min_rtt_s = 0.0  # 0 until the first probe has finished
+        self.sample_rtt_s = 0.0
+        self.probing = True
+        self._deferred = settings.min_limit  # the limit to restore after a probe
+        self._epoch = 0  # bumped at each regime change; samples from older calls are dropped
+        self._samples: list[float] = []
+        self._window_end = 0.0
+        self._next_probe = math.inf
+        self._min_windows = 0
+
+    def granted(self) -> int:
+        """The epoch a call granted now belongs to."""
+        return self._epoch
+
+    def observe(self, latency_s: float, epoch: int) -> None:
+        """Feeds one finished call; may move the limit."""
+        now = self._clock()
+        if self.probing:
+            if epoch != self._epoch:
+                return  # started before the probe, at a higher concurrency
+            self._samples.append(latency_s)
+            if len(self._samples) >= self._settings.probe_requests:
+                self._end_probe(now)
+            return
+        self._samples.append(latency_s)
+        if now >= self._next_probe:
+            self._start_probe()
+        elif now >= self._window_end:
+            self._update(now)
+
+    def _start_probe(self) -> None:
+        self._deferred = self.limit
+        self.limit = self._settings.min_limit
+        self.probing = True
+        self._samples.clear()
+        self._epoch += 1
+
+    def _end_probe(self, now: float) -> None:
+        self.min_rtt_s = _percentile(self._samples, self._settings.percentile)
+        self._samples.clear()
+        self.probing = False
+        self.limit = self._deferred
+        self._min_windows = 0
+        self._epoch += 1
+        self._window_end = now + self._settings.window_s
+        interval = self._settings.probe_interval_s
+        self._next_probe = now + interval * (1.0 + _JITTER * self._rng.random())
+
+    def _update(self, now: float) -> None:
+        self._window_end = now + self._settings.window_s
+        self.sample_rtt_s = _percentile(self._samples, self._settings.percentile)
+        self._samples.clear()
+        if self.sample_rtt_s <= 0.0:
+            return
+        target = self.min_rtt_s * (1.0 + self._settings.buffer)
+        gradient = min(_GRADIENT_MAX, max(_GRADIENT_MIN, target / self.sample_rtt_s))
+        scaled = gradient * self.limit
+        new = int(scaled + math.sqrt(scaled))
+        self.limit = max(self._settings.min_limit, min(self.max_limit, new))
+        if self.limit == self._settings.min_limit:
+            self._min_windows += 1
+            if self._min_windows >= _MIN_WINDOWS_BEFORE_PROBE:
+                self._start_probe()
+        else:
+            self._min_windows = 0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
