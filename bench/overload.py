@@ -35,7 +35,8 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,7 @@ import orjson
 
 from bench import loadgen, openloop, services
 from bench.loadgen import LoadResult, Request, RequestFactory
-from bench.procs import Cores, busy_seconds, pinned, split_cores
+from bench.procs import Cores, busy_seconds, pinned, split_cores, steal_seconds
 from bench.services import Server
 
 MODEL = "minilm"
@@ -65,11 +66,21 @@ class Plan:
     overload: float
     cores: Cores
     realtime: bool = True  # the open-loop generator at SCHED_FIFO priority when allowed
+    adaptive: bool = False  # the gateway's adaptive concurrency limit, tier_concurrency its cap
 
-    def settings(self) -> dict[str, int]:
+    @property
+    def clients(self) -> int:
+        """Closed-loop clients for C: every backend slot busy plus the queue, nobody shed."""
+        slots = self.slots if self.adaptive else self.tier_concurrency
+        return slots + self.tier_queue
+
+    def settings(self) -> dict[str, int | bool]:
         """The gateway's admission settings (its config file)."""
-        return {"tier_concurrency": self.tier_concurrency, "tier_queue": self.tier_queue,
-                "default_timeout_ms": self.timeout_ms}
+        settings = {"tier_concurrency": self.tier_concurrency, "tier_queue": self.tier_queue,
+                    "default_timeout_ms": self.timeout_ms}
+        if self.adaptive:
+            settings["adaptive_concurrency"] = True
+        return settings
 
 
 def parse(argv: Sequence[str]) -> Plan:
@@ -81,18 +92,21 @@ def parse(argv: Sequence[str]) -> Plan:
     parser.add_argument("--tier-concurrency", type=int,
                         help="gateway tier_concurrency (default: --slots)")
     parser.add_argument("--tier-queue", type=int,
-                        help="gateway tier_queue (default: a quarter of tier_concurrency, >= 1)")
+                        help="gateway tier_queue (default: a quarter of --slots, >= 1)")
     parser.add_argument("--timeout-ms", type=int, default=1000,
                         help="gateway default_timeout_ms (1000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the three phases (3)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase (5)")
     parser.add_argument("--overload", type=float, default=3.0, help="offered load / C (3)")
     parser.add_argument("--quick", action="store_true", help="1 round of 2 s phases")
+    parser.add_argument("--adaptive", action="store_true",
+                        help="turn on the gateway's adaptive concurrency limit; "
+                             "--tier-concurrency (default 64) is then its ceiling")
     parser.add_argument("--no-realtime", action="store_true",
                         help="run the open-loop generator at normal priority")
     args = parser.parse_args(argv)
-    concurrency = args.tier_concurrency or args.slots
-    queue = args.tier_queue if args.tier_queue is not None else max(1, concurrency // 4)
+    concurrency = args.tier_concurrency or (64 if args.adaptive else args.slots)
+    queue = args.tier_queue if args.tier_queue is not None else max(1, args.slots // 4)
     if min(args.slots, concurrency, args.timeout_ms, args.rounds, args.duration,
            args.overload) <= 0:
         parser.error("slots, concurrency, timeout, rounds, duration, overload must be > 0")
@@ -103,6 +117,7 @@ def parse(argv: Sequence[str]) -> Plan:
         tier_queue=queue, timeout_ms=args.timeout_ms, rounds=1 if args.quick else args.rounds,
         duration_s=min(args.duration, 2.0) if args.quick else args.duration,
         overload=args.overload, cores=split_cores(), realtime=not args.no_realtime,
+        adaptive=args.adaptive,
     )
 
 
@@ -124,6 +139,7 @@ class Phase:
     result: LoadResult
     gateway_cpu: float  # cores
     other_cpu: float  # cores used by processes other than the gateway, fake and generator
+    steal: float = 0.0  # cores' worth of time the hypervisor gave to other VMs
 
     def latencies(self, code: int, *, from_send: bool = False) -> list[float]:
         """Latencies (ms) of the samples with HTTP status ``code``: from the schedule, or
@@ -147,7 +163,7 @@ class Phase:
 def run_rounds(plan: Plan, gateway: Server, backend: Server, floor: Server) -> list[Phase]:
     """A warm-up, then per round: capacity, 0.7x C, overload (C of that round) and the floor."""
     url = f"{gateway.url}/v1/embeddings"
-    clients = plan.tier_concurrency + plan.tier_queue
+    clients = plan.clients
     ideal = plan.slots * 1000.0 / plan.service_ms
     cap = int(ideal * plan.duration_s * 2) + 100  # a count bound well past what time allows
     phases: list[Phase] = []
@@ -155,7 +171,7 @@ def run_rounds(plan: Plan, gateway: Server, backend: Server, floor: Server) -> l
     def measured(name: str, rnd: int, offered: float, target: Server, tag: str) -> Phase:
         cpu0, fake0, own0 = target.service.cpu_seconds(), backend.service.cpu_seconds(), \
             time.process_time()
-        busy0 = busy_seconds()
+        busy0, steal0 = busy_seconds(), steal_seconds()
         result: LoadResult
         if math.isnan(offered):
             result = loadgen.run(loadgen.run_closed(
@@ -172,7 +188,8 @@ def run_rounds(plan: Plan, gateway: Server, backend: Server, floor: Server) -> l
         fake = backend.service.cpu_seconds() - fake0 if target is gateway else 0.0
         ours = used + fake + time.process_time() - own0
         return Phase(name, rnd, offered, result, used / wall,
-                     max(0.0, busy_seconds() - busy0 - ours) / wall)
+                     max(0.0, busy_seconds() - busy0 - ours) / wall,
+                     (steal_seconds() - steal0) / wall)
 
     with pinned(plan.cores.client):
         loadgen.run(loadgen.run_closed(factory(url, "warm"), requests=300, concurrency=clients,
@@ -203,6 +220,7 @@ def main(argv: list[str]) -> int:
     plan = parse(argv)
     phases: list[Phase] = []
     rss: tuple[int, int] = (0, 0)
+    final: dict[str, float] = {}
     try:
         with contextlib.ExitStack() as stack:
             backend = stack.enter_context(services.slow_backend(
@@ -213,16 +231,32 @@ def main(argv: list[str]) -> int:
             before = _rss_kib(gateway)
             phases = run_rounds(plan, gateway, backend, floor)
             rss = (before, _rss_kib(gateway))
+            final = scrape(f"{gateway.url}/metrics", ("gateway_concurrency_limit",
+                                                      "gateway_adaptive_min_rtt_seconds",
+                                                      "gateway_shed_total"))
     except (RuntimeError, OSError) as exc:
         print(f"bench overload: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print(report(plan, phases, rss))
+        print(report(plan, phases, rss, final))
         return 1
-    print(report(plan, phases, rss), flush=True)
+    print(report(plan, phases, rss, final), flush=True)
     transport = sum(1 for p in phases for s in p.result.samples if s.status == 0)
     return 1 if transport else 0
 
 
-def report(plan: Plan, phases: list[Phase], rss: tuple[int, int]) -> str:
+def scrape(url: str, names: Sequence[str]) -> dict[str, float]:
+    """``name{labels}`` -> value for the samples of ``names`` on a Prometheus text page."""
+    with urllib.request.urlopen(url, timeout=5.0) as response:
+        text = response.read().decode("utf-8")
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(tuple(names)):
+            key, _, value = line.rpartition(" ")
+            found[key] = float(value)
+    return found
+
+
+def report(plan: Plan, phases: list[Phase], rss: tuple[int, int],
+           final: Mapping[str, float] | None = None) -> str:
     """The Markdown report: settings, one row per phase and round, targets."""
     settings = ", ".join(f"{k}={v}" for k, v in plan.settings().items())
     opened = [p.result for p in phases if isinstance(p.result, openloop.Result)]
@@ -236,20 +270,22 @@ def report(plan: Plan, phases: list[Phase], rss: tuple[int, int]) -> str:
         "the hello-world floor server gets the gateway's).",
         "",
         f"Backend: fake OIP, {plan.slots} slots x {plan.service_ms:g} ms (ideal "
-        f"{plan.slots * 1000 / plan.service_ms:.0f} req/s). Gateway (1 worker): {settings}. "
+        f"{plan.slots * 1000 / plan.service_ms:.0f} req/s). Gateway (1 worker): {settings}"
+        f"{' (adaptive limit: tier_concurrency is its ceiling)' if plan.adaptive else ''}. "
         f"Every request a miss (unique text, `Cache-Control: no-store`). {plan.rounds} "
         f"round(s) of four {plan.duration_s:g} s phases. Open-loop phases: `bench/openloop.py`, "
         f"{stamps}, generator priority {priority}. Latency counts from the scheduled send "
         "time; 'send lag' is how late the generator was; 'other CPU' is what processes outside "
-        "the test used (a shared machine's noise; 0 when it was quiet). The floor phase sends "
+        "the test used (a shared machine's noise; 0 when it was quiet), 'steal' the part of "
+        "it the hypervisor gave to other VMs (in cores). The floor phase sends "
         "the same requests at the same rate to a bare aiohttp hello-world on the gateway's CPU: "
         "the latency any aiohttp server has here before doing any work.",
         "",
         "| round | phase | offered req/s | sent | 2xx/s | 2xx p50 ms | 2xx p99 ms | 503 "
         "| 503 p99 ms | 503 p99 from send, ms | send lag p99 ms | other statuses | server CPU "
-        "| other CPU |",
+        "| other CPU | steal |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
-        "| ---: | ---: |",
+        "| ---: | ---: | ---: |",
     ]
     for p in phases:
         other = {k: v for k, v in p.result.status_counts().items() if k not in (200, 503)}
@@ -259,7 +295,7 @@ def report(plan: Plan, phases: list[Phase], rss: tuple[int, int]) -> str:
             f"{p.goodput:.1f} | {p.result.latency_ms(50):.2f} | {p.result.latency_ms(99):.2f} "
             f"| {len(shed)} | {_num(p.p99(503), 2)} | {_num(p.p99(503, from_send=True), 2)} | "
             f"{_num(p.lag_p99, 2)} | {other or '-'} | {p.gateway_cpu:.2f} | "
-            f"{p.other_cpu:.2f} |")
+            f"{p.other_cpu:.2f} | {p.steal:.2f} |")
     lines.append("")
     rounds = [phases[i:i + 4] for i in range(0, len(phases) - 3, 4)]
     if rounds:
@@ -290,6 +326,9 @@ def report(plan: Plan, phases: list[Phase], rss: tuple[int, int]) -> str:
             f"- Gateway RSS: {rss[0] / 1024:.1f} MiB before the rounds, {rss[1] / 1024:.1f} MiB "
             "after.",
         ]
+    if final:
+        shown = ", ".join(f"`{k}` {v:g}" for k, v in sorted(final.items()))
+        lines.append(f"- Gateway metrics at the end: {shown}.")
     return "\n".join(lines)
 
 

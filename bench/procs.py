@@ -195,6 +195,15 @@ def busy_seconds() -> float:
     return 0.0
 
 
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor has given to other guests since boot (``/proc/stat``'s steal
+    column, summed over CPUs): time this VM wanted to run and could not."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+        return int(fields[7]) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
 def http_status(url: str, timeout_s: float = 1.0) -> int:
     """The HTTP status of a GET on a loopback ``url`` (0 when nothing answered)."""
     try:

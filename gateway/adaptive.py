@@ -14,7 +14,11 @@ The limit follows the latency the tier's backends show, so the gateway needs no 
   clamped to [``min_limit``, ``max_limit``] (``max_limit`` is ``tier_concurrency``).
 
 When latency rises above minRTT plus the buffer (the backend queues), the limit falls; while it
-stays near minRTT the limit grows by about its square root per window. Pure bookkeeping, no I/O,
+stays near minRTT the limit grows by about its square root per window, but only in a window
+whose peak in-flight count reached half the limit. A limit the traffic never used says nothing
+about what the backends can take (the same check as TCP's congestion-window validation, RFC
+7661); Envoy's filter lets it grow, so a quiet spell left the limit at its ceiling when a burst
+arrived, and the burst went to the backends' queues until a few windows brought it down. Pure bookkeeping, no I/O,
 no timers: it advances as samples arrive, on the caller's clock.
 """
 
@@ -73,9 +77,9 @@ class GradientLimit:
     ``granted()`` when a call starts (it returns the epoch to hand back) and ``observe()`` with
     that epoch and the call's latency when it ends."""
 
-    __slots__ = ("_clock", "_deferred", "_epoch", "_min_windows", "_next_probe", "_rng",
-                 "_samples", "_settings", "_window_end", "limit", "max_limit", "min_rtt_s",
-                 "probing", "sample_rtt_s")
+    __slots__ = ("_clock", "_deferred", "_epoch", "_min_windows", "_next_probe", "_peak",
+                 "_rng", "_samples", "_settings", "_window_end", "limit", "max_limit",
+                 "min_rtt_s", "probing", "sample_rtt_s")
 
     def __init__(self, settings: AdaptiveSettings, max_limit: int, *,
                  clock: Callable[[], float], rng: random.Random | None = None) -> None:
@@ -96,9 +100,13 @@ class GradientLimit:
         self._window_end = 0.0
         self._next_probe = math.inf
         self._min_windows = 0
+        self._peak = 0  # most calls in flight at once in this window
 
-    def granted(self) -> int:
-        """The epoch a call granted now belongs to."""
+    def granted(self, inflight: int = 0) -> int:
+        """The epoch a call granted now belongs to; ``inflight`` counts the tier's calls in
+        flight with this one."""
+        if inflight > self._peak:
+            self._peak = inflight
         return self._epoch
 
     def observe(self, latency_s: float, epoch: int) -> None:
@@ -145,6 +153,10 @@ class GradientLimit:
         gradient = min(_GRADIENT_MAX, max(_GRADIENT_MIN, target / self.sample_rtt_s))
         scaled = gradient * self.limit
         new = int(scaled + math.sqrt(scaled))
+        used = self._peak * 2 >= self.limit
+        self._peak = 0
+        if new > self.limit and not used:
+            new = self.limit  # app-limited window: no evidence for a higher limit
         self.limit = max(self._settings.min_limit, min(self.max_limit, new))
         if self.limit == self._settings.min_limit:
             self._min_windows += 1

@@ -218,7 +218,7 @@ class Admission:
 
     @staticmethod
     def _epoch(state: _TierQueue) -> int:
-        return 0 if state.adaptive is None else state.adaptive.granted()
+        return 0 if state.adaptive is None else state.adaptive.granted(state.active)
 
     def _release(self, tier: str) -> None:
         state = self._tier(tier)

@@ -46,17 +46,20 @@ def controller(clock: Clock, *, max_limit: int = 64, **knobs: Any) -> GradientLi
 
 
 def feed(limit: GradientLimit, clock: Clock, latency_s: float, n: int = 1,
-         step_s: float = 0.001) -> None:
+         step_s: float = 0.001, inflight: int | None = None) -> None:
+    """``n`` calls, each granted with ``inflight`` in flight (default: the whole limit)."""
     for _ in range(n):
         clock.now += step_s
-        limit.observe(latency_s, limit.granted())
+        limit.observe(latency_s, limit.granted(limit.limit if inflight is None else inflight))
 
 
-def windows(limit: GradientLimit, clock: Clock, latency_s: float, count: int) -> list[int]:
+def windows(limit: GradientLimit, clock: Clock, latency_s: float, count: int,
+            inflight: int | None = None) -> list[int]:
     """``count`` update windows of samples at ``latency_s``; the limit after each."""
     seen = []
     for _ in range(count):
-        feed(limit, clock, latency_s, n=3, step_s=0.04)  # 3 samples cross one 0.1 s window
+        # 3 samples cross one 0.1 s window
+        feed(limit, clock, latency_s, n=3, step_s=0.04, inflight=inflight)
         seen.append(limit.limit)
     return seen
 
@@ -89,6 +92,16 @@ def test_grows_while_latency_stays_near_min_rtt_and_stops_at_the_ceiling() -> No
     assert seen[:3] == [5, 8, 13]
     assert seen == sorted(seen) and seen[-1] == 64
     assert max(seen) <= 64
+
+
+def test_does_not_grow_on_a_limit_the_traffic_never_used() -> None:
+    clock = Clock()
+    limit = probed(clock)
+    windows(limit, clock, 0.020, 3)
+    assert limit.limit == 13
+    assert windows(limit, clock, 0.020, 5, inflight=6) == [13] * 5  # 6 < 13 / 2: app-limited
+    assert windows(limit, clock, 0.020, 1, inflight=7) == [20]  # half used: it may grow
+    assert windows(limit, clock, 0.080, 1, inflight=1)[0] < 20  # falling needs no such proof
 
 
 def test_falls_when_latency_rises_and_never_below_the_floor() -> None:
