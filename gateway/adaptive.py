@@ -18,8 +18,9 @@ stays near minRTT the limit grows by about its square root per window, but only 
 whose peak in-flight count reached half the limit. A limit the traffic never used says nothing
 about what the backends can take (the same check as TCP's congestion-window validation, RFC
 7661); Envoy's filter lets it grow, so a quiet spell left the limit at its ceiling when a burst
-arrived, and the burst went to the backends' queues until a few windows brought it down. Pure bookkeeping, no I/O,
-no timers: it advances as samples arrive, on the caller's clock.
+arrived, and the burst went to the backends' queues until a few windows brought it down.
+
+Pure bookkeeping, no I/O, no timers: it advances as samples arrive, on the caller's clock.
 """
 
 from __future__ import annotations
