@@ -256,12 +256,12 @@ class Admission:
 
     def _shed(self, reason: str) -> None:
         if self._metrics is not None:
-            self._metrics.shed.labels(reason).inc()
+            self._metrics.child(self._metrics.shed, reason).inc()
 
     def _gauges(self, tier: str, state: _TierQueue) -> None:
         if self._metrics is not None:
-            self._metrics.queue_depth.labels(tier).set(len(state.waiters))
-            self._metrics.inflight.labels(tier).set(state.active)
+            self._metrics.child(self._metrics.queue_depth, tier).set(len(state.waiters))
+            self._metrics.child(self._metrics.inflight, tier).set(state.active)
 
     def _limit_gauge(self, tier: str, state: _TierQueue) -> None:
         if self._metrics is not None:

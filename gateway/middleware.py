@@ -7,9 +7,9 @@ carries; anything unexpected is logged with its traceback and answered 500 witho
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -61,7 +61,7 @@ def make_error_middleware(metrics: GatewayMetrics) -> Callable[..., Awaitable[we
     @web.middleware
     async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         incoming = request.headers.get("X-Request-Id", "")
-        rid = incoming if _SAFE_ID.match(incoming) else uuid.uuid4().hex
+        rid = incoming if _SAFE_ID.match(incoming) else os.urandom(16).hex()  # 128 random bits
         request[REQUEST_ID] = rid
         t0 = time.perf_counter()
         route = _route_label(request)

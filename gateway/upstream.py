@@ -347,4 +347,4 @@ class Upstream:
 
     def _shed(self, reason: str) -> None:
         if self._metrics is not None:
-            self._metrics.shed.labels(reason).inc()
+            self._metrics.child(self._metrics.shed, reason).inc()
