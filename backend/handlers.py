@@ -80,7 +80,7 @@ async def infer(request: web.Request) -> web.Response:
         json_length=_json_length(request.headers.get(BINARY_HEADER)),
     )
     result = await plane.embed(served, parsed.texts, deadline=started + timeout_s)
-    encoded = oip.encode_infer_response(
+    encoded = oip.encode_infer_reply(
         config=served.config,
         request=parsed,
         embeddings=result.embeddings,
@@ -91,7 +91,12 @@ async def infer(request: web.Request) -> web.Response:
             "batch_size": result.batch_size,
         },
     )
-    return json_response(encoded, headers=_timing_headers(result))
+    headers = _timing_headers(result)
+    if encoded.json_length is None:
+        return json_response(encoded.body, headers=headers)
+    headers[BINARY_HEADER] = str(encoded.json_length)  # JSON first, then the binary outputs
+    return web.Response(body=encoded.body, headers=headers,
+                        content_type="application/octet-stream")
 
 
 async def embeddings(request: web.Request) -> web.Response:

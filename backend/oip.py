@@ -4,8 +4,11 @@ Follows kserve/open-inference-protocol ``specification/protocol/inference_rest.m
 in row-major order, either flat or in its natural nested form; ``id`` echoed; ``outputs``
 selects what comes back; errors are ``{"error": "<message>"}`` (rendered by the middleware).
 Triton's binary tensor extension is accepted for inputs (``Inference-Header-Content-Length``),
-so tritonclient works with its defaults; outputs always come back as JSON, which its
-``InferResult`` reads too.
+so tritonclient works with its defaults, and used for outputs on request: an output asked for
+with ``"parameters": {"binary_data": true}`` (or every output, with the request parameter
+``binary_data_output: true``) comes back as raw little-endian bytes after the JSON part, its size
+in the output's ``parameters.binary_data_size``. The gateway asks for the embeddings that way:
+reading 384 floats from JSON cost it more than the rest of a cache miss.
 
 Pure functions: no aiohttp, no I/O. Every rule broken raises ``BadRequest``.
 """
@@ -34,6 +37,21 @@ class InferRequest:
     id: str | None
     texts: list[str]
     outputs: tuple[str, ...] | None  # None: every output
+    binary: frozenset[str] = frozenset()  # outputs to send as binary data
+    binary_all: bool = False  # the request parameter binary_data_output: every output binary
+
+    def wants_binary(self, name: str) -> bool:
+        """Whether output ``name`` goes out as binary data."""
+        return self.binary_all or name in self.binary
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedResponse:
+    """An encoded inference response; ``json_length`` is set when binary data follows the JSON
+    (the value of the ``Inference-Header-Content-Length`` header)."""
+
+    body: bytes
+    json_length: int | None
 
 
 # A derived output every text model has: the tokens each text used (after truncation), so that
@@ -66,8 +84,12 @@ def parse_infer_request(
     request_id = raw.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequest("'id' must be a string")
-    if not isinstance(raw.get("parameters", {}), dict):
+    parameters = raw.get("parameters", {})
+    if not isinstance(parameters, dict):
         raise BadRequest("'parameters' must be an object")
+    binary_all = parameters.get("binary_data_output", False)
+    if not isinstance(binary_all, bool):
+        raise BadRequest("parameter 'binary_data_output' must be true or false")
     inputs = raw.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("'inputs' must be a non-empty list of input tensors")
@@ -79,7 +101,8 @@ def parse_infer_request(
     if len(texts) > max_items:
         raise BadRequest(f"too many items: {len(texts)} texts; at most {max_items} per request")
     names = [*output_names, TOKEN_COUNT]
-    return InferRequest(request_id, texts, _parse_outputs(raw.get("outputs"), names))
+    outputs, binary_outputs = _parse_outputs(raw.get("outputs"), names)
+    return InferRequest(request_id, texts, outputs, binary_outputs, binary_all)
 
 
 def _parse_input(tensor: Any, spec: TensorSpec, binary: bytes) -> list[str]:
@@ -155,19 +178,31 @@ def _binary_strings(name: str, binary: bytes, size: Any, count: int) -> list[str
     return texts
 
 
-def _parse_outputs(raw: Any, output_names: Sequence[str]) -> tuple[str, ...] | None:
+def _parse_outputs(
+    raw: Any, output_names: Sequence[str]
+) -> tuple[tuple[str, ...] | None, frozenset[str]]:
+    """The outputs asked for (None: all) and those asked for as binary data."""
     if raw is None:
-        return None
+        return None, frozenset()
     if not isinstance(raw, list):
         raise BadRequest("'outputs' must be a list of {\"name\": ...} objects")
     names: list[str] = []
+    binary: set[str] = set()
     for entry in raw:
         name = entry.get("name") if isinstance(entry, dict) else None
         if not isinstance(name, str) or name not in output_names:
             raise BadRequest(f"unknown output {name!r}: the model's outputs are "
                              f"{', '.join(output_names)}")
+        parameters = entry.get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise BadRequest(f"output {name!r}: 'parameters' must be an object")
+        wanted = parameters.get("binary_data", False)
+        if not isinstance(wanted, bool):
+            raise BadRequest(f"output {name!r}: parameter 'binary_data' must be true or false")
+        if wanted:
+            binary.add(name)
         names.append(name)
-    return tuple(names)
+    return tuple(names), frozenset(binary)
 
 
 def encode_infer_response(
@@ -178,25 +213,49 @@ def encode_infer_response(
     parameters: Mapping[str, float | int | str | bool],
     token_counts: Sequence[int] = (),
 ) -> bytes:
-    """The inference response: the requested outputs with flat row-major data."""
+    """The inference response: the requested outputs with flat row-major data (the JSON and,
+    when the request asked for binary outputs, the binary data after it)."""
+    return encode_infer_reply(config=config, request=request, embeddings=embeddings,
+                              parameters=parameters, token_counts=token_counts).body
+
+
+def encode_infer_reply(
+    *,
+    config: ModelConfig,
+    request: InferRequest,
+    embeddings: npt.NDArray[np.float32],
+    parameters: Mapping[str, float | int | str | bool],
+    token_counts: Sequence[int] = (),
+) -> EncodedResponse:
+    """The inference response, with the outputs asked for as binary data after the JSON."""
     spec = config.output
-    outputs = []
+    tensors: list[tuple[str, str, list[int], npt.NDArray[Any]]] = []
     if request.outputs is None or spec.name in request.outputs:
-        outputs.append({
-            "name": spec.name,
-            "datatype": spec.datatype,
-            "shape": list(embeddings.shape),
-            "data": np.ascontiguousarray(embeddings, dtype=np.float32).reshape(-1),
-        })
+        tensors.append((spec.name, spec.datatype, list(embeddings.shape),
+                        np.ascontiguousarray(embeddings, dtype="<f4").reshape(-1)))
     if token_counts and (request.outputs is None or TOKEN_COUNT in request.outputs):
-        outputs.append({"name": TOKEN_COUNT, "datatype": "INT32", "shape": [len(token_counts)],
-                        "data": list(token_counts)})
+        tensors.append((TOKEN_COUNT, "INT32", [len(token_counts)],
+                        np.asarray(token_counts, dtype="<i4")))
+    outputs: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for name, datatype, shape, data in tensors:
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
+        if request.wants_binary(name):
+            raw = data.tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = data
+        outputs.append(entry)
     response: dict[str, Any] = {"model_name": config.name, "model_version": config.version}
     if request.id is not None:
         response["id"] = request.id
     response["parameters"] = dict(parameters)
     response["outputs"] = outputs
-    return orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    head = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return EncodedResponse(head, None)
+    return EncodedResponse(b"".join((head, *chunks)), len(head))
 
 
 def model_metadata(config: ModelConfig) -> dict[str, Any]:

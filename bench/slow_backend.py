@@ -8,7 +8,8 @@ waits for one of ``slots`` (FIFO, ``max_queue`` waiters at most, 503 + ``Retry-A
 that), holds it for ``service_ms`` (a sleep, no CPU), and answers a well-formed OIP embedding
 response (a fixed unit vector per text, ``dim`` floats), so capacity is exactly
 ``slots / service_ms`` requests per second. It speaks the part of the backend wire protocol
-the gateway uses (docs/ARCHITECTURE.md): health, model metadata, infer, ``Server-Timing``.
+the gateway uses (docs/ARCHITECTURE.md): health, model metadata, infer, ``Server-Timing``, and
+binary outputs when the request asks with ``binary_data_output`` (as the real backend does).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import struct
 import time
 from collections.abc import Sequence
 
@@ -39,6 +41,7 @@ class SlowBackend:
         self.served = 0
         self.rejected = 0
         self.vector = [1.0 / math.sqrt(dim)] * dim
+        self.packed = struct.pack(f"<{dim}f", *self.vector)  # the same vector, as raw FP32
         self.dim = dim
 
     def app(self) -> web.Application:
@@ -75,7 +78,8 @@ class SlowBackend:
         try:
             doc = orjson.loads(await request.read())
             n = len(doc["inputs"][0]["data"])
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            binary = doc.get("parameters", {}).get("binary_data_output") is True
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
             return web.json_response({"error": "bad infer request"}, status=400, headers=rid)
         if self.waiting >= self.max_queue and self.slots.locked():
             self.rejected += 1
@@ -94,16 +98,25 @@ class SlowBackend:
         finally:
             self.slots.release()
         self.served += 1
-        body = {
+        output: dict[str, object] = {"name": "embedding", "datatype": "FP32",
+                                     "shape": [n, self.dim]}
+        if binary:
+            output["parameters"] = {"binary_data_size": len(self.packed) * n}
+        else:
+            output["data"] = self.vector * n
+        body = orjson.dumps({
             "model_name": MODEL, "model_version": "1",
             "parameters": {"queue_time_ms": round(queue_ms, 3),
                            "compute_time_ms": self.service_ms, "batch_size": n},
-            "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [n, self.dim],
-                         "data": self.vector * n}],
-        }
-        timing = f"queue;dur={queue_ms:.3f}, compute;dur={self.service_ms:g}"
-        return web.Response(body=orjson.dumps(body), content_type="application/json",
-                            headers={**rid, "Server-Timing": timing})
+            "outputs": [output],
+        })
+        headers = {**rid, "Server-Timing": f"queue;dur={queue_ms:.3f}, "
+                                           f"compute;dur={self.service_ms:g}"}
+        if not binary:
+            return web.Response(body=body, content_type="application/json", headers=headers)
+        headers["Inference-Header-Content-Length"] = str(len(body))
+        return web.Response(body=body + self.packed * n, headers=headers,
+                            content_type="application/octet-stream")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -80,6 +80,31 @@ async def infer(client: TestClient[Any, Any], texts: list[str], *,
     return response, await response.json()
 
 
+_DTYPES = {"FP32": "<f4", "INT32": "<i4"}
+
+
+async def read_answer(response: Any) -> dict[str, Any]:
+    """An infer answer as JSON; binary outputs (Triton's extension) decoded into ``data``."""
+    raw = await response.read()
+    length = response.headers.get("Inference-Header-Content-Length")
+    if length is None:
+        assert response.content_type == "application/json"
+        answer: dict[str, Any] = orjson.loads(raw)
+        return answer
+    assert response.content_type == "application/octet-stream"
+    answer = orjson.loads(raw[:int(length)])
+    offset = int(length)
+    for output in answer["outputs"]:
+        size = output.get("parameters", {}).get("binary_data_size")
+        if size is not None:
+            assert "data" not in output
+            chunk = raw[offset:offset + size]
+            output["data"] = np.frombuffer(chunk, dtype=_DTYPES[output["datatype"]]).tolist()
+            offset += size
+    assert offset == len(raw)  # nothing left over
+    return answer
+
+
 def embeddings_of(body: dict[str, Any]) -> np.ndarray[Any, np.dtype[np.float32]]:
     (output,) = [o for o in body["outputs"] if o["name"] == "embedding"]
     return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
@@ -154,9 +179,11 @@ async def test_outputs_filter_and_row_major_nested_input(client: TestClient[Any,
             "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}]}
     response = await client.post("/v2/models/minilm/infer", json=body)
     assert response.status == 200
-    answer = await response.json()
+    assert response.headers["Inference-Header-Content-Length"]  # binary_data asked for
+    answer = await read_answer(response)
     assert embeddings_of(answer).shape == (2, 384)
     assert [o["name"] for o in answer["outputs"]] == ["embedding"]
+    assert answer["outputs"][0]["parameters"] == {"binary_data_size": 2 * 384 * 4}
     body["outputs"] = [{"name": "token_count"}]
     response = await client.post("/v2/models/minilm/infer", json=body)
     (counts,) = (await response.json())["outputs"]
@@ -187,7 +214,33 @@ async def test_standard_client_bodies_without_json_content_type(
     )
     assert response.status == 200, await response.text()
     _, plain = await infer(client, texts)
-    assert np.allclose(embeddings_of(await response.json()), embeddings_of(plain), atol=1e-5)
+    assert np.allclose(embeddings_of(await read_answer(response)), embeddings_of(plain),
+                       atol=1e-5)
+
+
+async def test_binary_outputs_on_request_match_json_outputs(
+    client: TestClient[Any, Any],
+) -> None:
+    texts = ["the binary extension", "carries the same numbers"]
+    _, plain = await infer(client, texts)
+    every = await client.post("/v2/models/minilm/infer",
+                              json={**infer_body(texts), "parameters": {"binary_data_output": True}})
+    answer = await read_answer(every)
+    assert [o["name"] for o in answer["outputs"]] == ["embedding", "token_count"]
+    assert all("binary_data_size" in o["parameters"] for o in answer["outputs"])
+    assert np.array_equal(embeddings_of(answer), embeddings_of(plain))  # bit for bit
+    assert answer["outputs"][1]["data"] == plain["outputs"][1]["data"]
+    mixed = await client.post("/v2/models/minilm/infer", json={
+        **infer_body(texts), "outputs": [{"name": "embedding", "parameters": {"binary_data": True}},
+                                         {"name": "token_count"}]})
+    answer = await read_answer(mixed)
+    assert np.array_equal(embeddings_of(answer), embeddings_of(plain))
+    assert answer["outputs"][1] == plain["outputs"][1]  # JSON, as asked
+    for bad, message in (({"binary_data": "yes"}, "binary_data"), ([], "parameters")):
+        response = await client.post("/v2/models/minilm/infer", json={
+            **infer_body(texts), "outputs": [{"name": "embedding", "parameters": bad}]})
+        assert response.status == 400
+        assert message in (await response.json())["error"]
 
 
 @pytest.mark.parametrize(

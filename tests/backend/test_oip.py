@@ -174,3 +174,28 @@ def test_request_id_is_echoed_when_sane() -> None:
 
 def test_server_timing_header() -> None:
     assert server_timing(0.0015, 0.002) == "queue;dur=1.500, compute;dur=2.000"
+
+
+def test_binary_outputs_follow_the_json_part() -> None:
+    request = parse({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
+                                 "data": ["a", "b"]}],
+                     "outputs": [{"name": "embedding", "parameters": {"binary_data": True}},
+                                 {"name": "token_count"}]})
+    assert request.binary == frozenset({"embedding"}) and not request.binary_all
+    embeddings = np.arange(8, dtype=np.float32).reshape(2, 4) / 3
+    reply = oip.encode_infer_reply(config=CONFIG, request=request, embeddings=embeddings,
+                                   parameters={}, token_counts=[1, 2])
+    assert reply.json_length is not None
+    head = orjson.loads(reply.body[:reply.json_length])
+    embedding, counts = head["outputs"]
+    assert embedding == {"name": "embedding", "datatype": "FP32", "shape": [2, 4],
+                         "parameters": {"binary_data_size": 32}}
+    assert counts["data"] == [1, 2]
+    data = np.frombuffer(reply.body[reply.json_length:], dtype="<f4").reshape(2, 4)
+    assert np.array_equal(data, embeddings)
+    every = parse({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+                   "parameters": {"binary_data_output": True}})
+    assert every.wants_binary("embedding") and every.wants_binary("token_count")
+    with pytest.raises(BadRequest, match="binary_data_output"):
+        parse({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+               "parameters": {"binary_data_output": 1}})

@@ -35,7 +35,65 @@ def answer(**overrides: object) -> bytes:
 def test_request_body_is_one_bytes_tensor() -> None:
     doc = orjson.loads(infer_request_body(["a", "b"]))
     assert doc == {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
-                               "data": ["a", "b"]}]}
+                               "data": ["a", "b"]}],
+                   "parameters": {"binary_data_output": True}}
+
+
+def binary_answer(vectors: np.ndarray, counts: list[int] | None = None,
+                  **overrides: object) -> tuple[bytes, dict[str, str]]:
+    """An answer in Triton's binary extension: the JSON, then the outputs' raw bytes."""
+    raw = [vectors.astype("<f4").tobytes()]
+    outputs: list[object] = [{"name": "embedding", "datatype": "FP32",
+                              "shape": list(vectors.shape),
+                              "parameters": {"binary_data_size": len(raw[0])}}]
+    if counts is not None:
+        raw.append(np.asarray(counts, dtype="<i4").tobytes())
+        outputs.append({"name": "token_count", "datatype": "INT32", "shape": [len(counts)],
+                        "parameters": {"binary_data_size": len(raw[1])}})
+    head = answer(outputs=outputs, **overrides)
+    return head + b"".join(raw), {"Inference-Header-Content-Length": str(len(head))}
+
+
+def test_binary_answer_parses_to_the_same_vectors() -> None:
+    vectors = np.array([[1.5, -2, 3], [4, 5, 6.25]], dtype=np.float32)
+    body, headers = binary_answer(vectors, [4, 7])
+    got = parse_embeddings(body, headers, 2, "b1")
+    assert got.vectors.dtype == np.float32 and got.vectors.shape == (2, 3)
+    np.testing.assert_array_equal(got.vectors, vectors)
+    assert got.token_counts == [4, 7]
+    assert (got.queue_ms, got.model_version) == (0.25, "3")
+
+
+@pytest.mark.parametrize(
+    ("mangle", "fault"),
+    [
+        (lambda body, h: (body, {**h, "Inference-Header-Content-Length": "x"}), "bad Inference"),
+        (lambda body, h: (body, {**h, "Inference-Header-Content-Length": "99999"}),
+         "bad Inference"),
+        (lambda body, h: (body[:-4], h), "does not fit"),  # shorter than its sizes say
+        (lambda body, h: (body + b"\0" * 4, h), "does not fit"),  # bytes left over
+        (lambda body, h: (body[:-8] + np.array([np.inf, 1], "<f4").tobytes(), h),
+         "non-finite"),
+    ],
+)
+def test_bad_binary_answers_are_bad_gateway(mangle: object, fault: str) -> None:
+    body, headers = binary_answer(np.ones((2, 3), np.float32))
+    body, headers = mangle(body, headers)  # type: ignore[operator]
+    with pytest.raises(BadGateway, match=fault):
+        parse_embeddings(body, headers, 2, "b1")
+
+
+def test_binary_sizes_must_suit_the_datatype() -> None:
+    head = answer(outputs=[{"name": "embedding", "datatype": "FP16", "shape": [2, 3],
+                            "parameters": {"binary_data_size": 12}}])
+    with pytest.raises(BadGateway, match="does not fit"):
+        parse_embeddings(head + bytes(12), {"Inference-Header-Content-Length": str(len(head))},
+                         2, "b1")
+    head = answer(outputs=[{"name": "embedding", "datatype": "FP32", "shape": [2, 3],
+                            "parameters": {"binary_data_size": 23}}])
+    with pytest.raises(BadGateway, match="does not fit"):
+        parse_embeddings(head + bytes(23), {"Inference-Header-Content-Length": str(len(head))},
+                         2, "b1")
 
 
 def test_good_answer_parses_with_timings_version_and_tokens() -> None:
