@@ -230,9 +230,10 @@ async def test_binary_outputs_on_request_match_json_outputs(
     assert all("binary_data_size" in o["parameters"] for o in answer["outputs"])
     assert np.array_equal(embeddings_of(answer), embeddings_of(plain))  # bit for bit
     assert answer["outputs"][1]["data"] == plain["outputs"][1]["data"]
-    mixed = await client.post("/v2/models/minilm/infer", json={
-        **infer_body(texts), "outputs": [{"name": "embedding", "parameters": {"binary_data": True}},
-                                         {"name": "token_count"}]})
+    outputs = [{"name": "embedding", "parameters": {"binary_data": True}},
+               {"name": "token_count"}]
+    mixed = await client.post("/v2/models/minilm/infer",
+                              json={**infer_body(texts), "outputs": outputs})
     answer = await read_answer(mixed)
     assert np.array_equal(embeddings_of(answer), embeddings_of(plain))
     assert answer["outputs"][1] == plain["outputs"][1]  # JSON, as asked
