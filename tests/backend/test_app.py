@@ -223,8 +223,8 @@ async def test_binary_outputs_on_request_match_json_outputs(
 ) -> None:
     texts = ["the binary extension", "carries the same numbers"]
     _, plain = await infer(client, texts)
-    every = await client.post("/v2/models/minilm/infer",
-                              json={**infer_body(texts), "parameters": {"binary_data_output": True}})
+    every = await client.post("/v2/models/minilm/infer", json={
+        **infer_body(texts), "parameters": {"binary_data_output": True}})
     answer = await read_answer(every)
     assert [o["name"] for o in answer["outputs"]] == ["embedding", "token_count"]
     assert all("binary_data_size" in o["parameters"] for o in answer["outputs"])
