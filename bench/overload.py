@@ -10,7 +10,7 @@ the load generator and move with them. The gateway (1 worker) gets the first CPU
 generator and the fake backend the last one. Every request is a miss (a unique text and
 ``Cache-Control: no-store``: it neither hits nor coalesces nor fills the cache).
 
-Each of ``R`` rounds (3) runs three phases of ``S`` seconds (5):
+Each of ``R`` rounds (3) runs four phases of ``S`` seconds (5):
 
 1. Capacity C: closed loop with ``tier_concurrency + tier_queue`` clients (enough to keep every
    slot busy, too few to be shed), successful responses per second.
@@ -18,6 +18,13 @@ Each of ``R`` rounds (3) runs three phases of ``S`` seconds (5):
    queueing is not hidden): the baseline p99.
 3. ``X`` x C (3), open loop: goodput (2xx per second), p99 of admitted requests, p99 of the
    shed (503) answers, and whether each 503 carried ``Retry-After``.
+4. The floor: the same requests at the same rate to a bare aiohttp hello-world on the gateway's
+   core, the p99 any aiohttp server gets on this machine at that moment.
+
+Open-loop phases use ``bench/openloop.py`` (nanosleep to each send time, kernel receive
+timestamps, real-time priority when allowed); the table also shows each phase's steal time.
+``--adaptive`` turns on the gateway's adaptive concurrency limit (``tier_concurrency``, default
+64 then, is its ceiling).
 
 Targets, each the median over the rounds of that round's figure (one noisy round on a shared
 machine does not decide): goodput >= 0.95 C; admitted p99 <= 2x the p99 at 0.7x C; shed p99
