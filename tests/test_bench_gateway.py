@@ -136,3 +136,23 @@ def test_overload_defaults_give_a_small_queue() -> None:
                                "default_timeout_ms": 1000}
     quick = overload.parse(["--quick", "--slots", "8"])
     assert (quick.rounds, quick.tier_concurrency, quick.tier_queue) == (1, 8, 2)
+
+
+def test_overload_adaptive_plan() -> None:
+    plan = overload.parse(["--adaptive"])
+    assert plan.adaptive and (plan.tier_concurrency, plan.tier_queue, plan.clients) == (64, 1, 5)
+    assert plan.settings()["adaptive_concurrency"] is True
+    assert overload.parse(["--no-realtime"]).realtime is False
+
+
+def test_overload_bench_runs_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
+    """One short round against the fake backend, a real gateway and the hello-world floor."""
+    assert overload.main(["--rounds", "1", "--duration", "1", "--adaptive"]) == 0
+    out = capsys.readouterr().out
+    phases = [line for line in out.splitlines() if line.startswith("| 1 |")]
+    assert [p.split("|")[2].strip() for p in phases] == [
+        "capacity C, closed loop", "0.7x C, open loop", "3x C, open loop",
+        "floor: hello-world at 3x C"]
+    assert "| shed (503) p99, ms |" in out
+    assert 'gateway_concurrency_limit{tier="zone"}' in out  # read back from /metrics
+    assert "503s carrying Retry-After:" in out
