@@ -210,6 +210,7 @@ class Stats:
             "coalesced": s.total("gateway_coalesced_total"),
             "queue_depth": s.sum_by("gateway_queue_depth", "tier"),
             "inflight": s.sum_by("gateway_upstream_inflight", "tier"),
+            "concurrency_limit": s.sum_by("gateway_concurrency_limit", "tier"),
             "redis_circuit_open": s.total("gateway_redis_circuit_open") > 0,
             "redis_configured": self._redis,
             "backends": self._backends(s),

@@ -166,6 +166,8 @@ async def test_stats_json_after_traffic(aiohttp_client: Any, backend: BackendPro
     hit = snap["latency_s"]["HIT"]
     assert hit["count"] == 1 and 0 < hit["p50"] <= hit["p95"] <= hit["p99"]
     assert snap["compute_saved_s"]["total"] > 0
+    assert snap["concurrency_limit"] == {"zone": 64}  # tier_concurrency; no adaptive limit
+    assert snap["inflight"] == {"zone": 0} and snap["queue_depth"] == {"zone": 0}
     assert snap["policy"]["version"] == client.app[state.POLICIES].active.version
     [b] = snap["backends"]
     assert b["healthy"] and b["available"] and b["healthy_gauge"] == 1.0
