@@ -249,9 +249,9 @@ class Admission:
             if state.adaptive is not None:
                 before = state.adaptive.limit
                 state.adaptive.observe(service_time_s, epoch)
+                self._limit_gauge(tier, state)  # minRTT moves without the limit moving
                 if state.adaptive.limit != before:
                     self._wake(state)
-                    self._limit_gauge(tier, state)
                     self._gauges(tier, state)
 
     def _shed(self, reason: str) -> None:
@@ -265,6 +265,6 @@ class Admission:
 
     def _limit_gauge(self, tier: str, state: _TierQueue) -> None:
         if self._metrics is not None:
-            self._metrics.concurrency_limit.labels(tier).set(self._limit_of(state))
+            self._metrics.child(self._metrics.concurrency_limit, tier).set(self._limit_of(state))
             if state.adaptive is not None:
-                self._metrics.min_rtt.labels(tier).set(state.adaptive.min_rtt_s)
+                self._metrics.child(self._metrics.min_rtt, tier).set(state.adaptive.min_rtt_s)

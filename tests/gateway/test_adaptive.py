@@ -201,6 +201,10 @@ async def test_admission_grants_queued_requests_when_the_limit_rises() -> None:
     await asyncio.sleep(0)
     assert admission.adaptive("zone") is not None
     assert admission.queue_depth("zone") == 2 and admission.inflight("zone") == 1
+    # The probe ended without moving the limit; the minRTT gauge shows it all the same.
+    assert admission.limit("zone") == 1
+    assert registry.get_sample_value("gateway_adaptive_min_rtt_seconds",
+                                     {"tier": "zone"}) == pytest.approx(0.02)
     granted = [w for w in waiters if w.done()]
     clock.now += 0.02  # held 20 ms (minRTT) and past the 10 ms window: limit 1 -> 2
     granted[0].result().release()
