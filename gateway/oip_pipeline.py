@@ -4,6 +4,11 @@ The canonical form of a request drops ``id`` and orders every object's keys (so 
 any order hash alike); BYTES inputs are normalised and scanned by the policy exactly like the
 OpenAI-style routes, and what reaches the backend is the normalised (or redacted) text. The stored
 answer never holds the request id; it is put back on the way out.
+
+Answers are JSON: requests for binary outputs (Triton's ``binary_data_output`` and per-output
+``binary_data``) are stripped before the key and the backend call, so the gateway caches and
+returns JSON, which clients asking for binary data (tritonclient) read too, and such requests
+share cache entries with plain ones.
 """
 
 from __future__ import annotations
@@ -112,7 +117,27 @@ def _with_texts(body: dict[str, Any], texts: list[str]) -> dict[str, Any]:
         inputs.append({**tensor, "data": [next(it) for _ in range(n)]})
     out = {k: v for k, v in body.items() if k != "id"}
     out["inputs"] = inputs
+    if isinstance(out.get("parameters"), dict) and "binary_data_output" in out["parameters"]:
+        params = {k: v for k, v in out["parameters"].items() if k != "binary_data_output"}
+        if params:
+            out["parameters"] = params
+        else:
+            del out["parameters"]
+    if isinstance(out.get("outputs"), list):
+        out["outputs"] = [_json_output(o) for o in out["outputs"]]
     return out
+
+
+def _json_output(output: dict[str, Any]) -> dict[str, Any]:
+    """An ``outputs`` entry without the binary-data request (the gateway answers JSON)."""
+    params = output.get("parameters")
+    if not isinstance(params, dict) or "binary_data" not in params:
+        return output
+    rest = {k: v for k, v in params.items() if k != "binary_data"}
+    trimmed = {k: v for k, v in output.items() if k != "parameters"}
+    if rest:
+        trimmed["parameters"] = rest
+    return trimmed
 
 
 def _backend_refusal(status: int, answer: Any) -> GatewayError:

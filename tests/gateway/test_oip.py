@@ -60,3 +60,28 @@ async def test_metadata_and_health(gateway: GatewayFactory) -> None:
     ready = await client.get("/readyz")
     assert ready.status == 200
     assert (await ready.json())["policy_version"]
+
+
+async def test_binary_output_requests_get_json_and_share_the_cache(
+    gateway: GatewayFactory, backend: BackendProc
+) -> None:
+    """The backend answers binary outputs when asked; the gateway's OIP route asks it for JSON
+    (what it caches and returns), so a client asking for binary data still gets a JSON answer it
+    can read (tritonclient reads both) and shares the cache entry with plain requests."""
+    client = await gateway()
+    texts = ["binary outputs through the gateway"]
+    before = backend.requests_total()
+    resp = await client.post("/v2/models/minilm/infer", json=infer_body(
+        texts, parameters={"binary_data_output": True},
+        outputs=[{"name": "embedding", "parameters": {"binary_data": True}}]))
+    assert resp.status == 200, await resp.text()
+    assert resp.content_type == "application/json"
+    assert "Inference-Header-Content-Length" not in resp.headers
+    first = await resp.json()
+    (out,) = first["outputs"]
+    assert out["shape"] == [1, 384] and len(out["data"]) == 384
+    resp = await client.post("/v2/models/minilm/infer", json=infer_body(
+        texts, outputs=[{"name": "embedding"}]))
+    assert resp.headers["X-Cache"] == "HIT"
+    assert (await resp.json())["outputs"] == first["outputs"]
+    assert backend.requests_total() == before + 1
