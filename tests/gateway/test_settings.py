@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from gateway.settings import BackendConfig, SettingsError, load_settings
+from backend.settings import ServeSettings
+from gateway.settings import BackendConfig, Settings, SettingsError, load_settings
+from tests.conftest import REPO
 
 
 def test_precedence_and_types(tmp_path: Path) -> None:
@@ -56,3 +59,14 @@ def test_bad_config_file(tmp_path: Path) -> None:
         load_settings(tmp_path / "missing.yaml", None, environ={})
     with pytest.raises(SettingsError, match="port"):
         load_settings(None, None, environ={"GATEWAY_PORT": "x"})
+
+
+def test_every_setting_is_documented_in_the_readme() -> None:
+    """The README's settings tables name every field, gateway and backend alike."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    gateway_missing = [f.name for f in dataclasses.fields(Settings)
+                       if f"`{f.name}`" not in readme]
+    backend_missing = [f.name for f in dataclasses.fields(ServeSettings)
+                       if f"BACKEND_{f.name.upper()}" not in readme
+                       and f"--{f.name.replace('_', '-')}" not in readme]
+    assert gateway_missing == [] and backend_missing == []
