@@ -72,6 +72,7 @@ class _Head:
     body_start: int
     length: int | None  # None: chunked
     retry_after: bool
+    close: bool  # the server said ``Connection: close``
 
 
 def run(
@@ -268,7 +269,10 @@ class _Run:
         self._record(conn, head.status, None, stamp, head.retry_after)
         conn.index = -1
         conn.buffer.clear()
-        self.idle.append(conn)
+        if head.close:
+            self._close(conn)  # the next request goes on a new connection
+        else:
+            self.idle.append(conn)
 
     def _expire(self, now: int) -> None:
         for conn in list(self.conns.values()):
@@ -296,7 +300,7 @@ def _parse_head(buffer: bytearray) -> _Head | None:
     lines = bytes(buffer[:end]).decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
     length: int | None = 0
-    retry_after = False
+    retry_after = close = False
     for line in lines[1:]:
         name, _, value = line.partition(":")
         name = name.strip().lower()
@@ -306,7 +310,9 @@ def _parse_head(buffer: bytearray) -> _Head | None:
             length = None
         elif name == "retry-after":
             retry_after = True
-    return _Head(status, end + 4, length, retry_after)
+        elif name == "connection" and value.strip().lower() == "close":
+            close = True
+    return _Head(status, end + 4, length, retry_after, close)
 
 
 def _complete(buffer: bytearray, head: _Head) -> bool:

@@ -45,6 +45,12 @@ async def _chunked(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def _once(_request: web.Request) -> web.Response:
+    response = web.Response(text="one per connection")
+    response.force_close()  # Connection: close
+    return response
+
+
 async def _hang(_request: web.Request) -> web.Response:
     await asyncio.sleep(30)
     return web.Response(text="late")
@@ -69,7 +75,7 @@ def server() -> Iterator[int]:
         app = web.Application()
         for path, handler in (("/ok", _ok), ("/slow", _slow), ("/shed", _shed),
                               ("/bare503", _bare503), ("/chunked", _chunked), ("/hang", _hang),
-                              ("/close", _close)):
+                              ("/once", _once), ("/close", _close)):
             app.router.add_post(path, handler)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await runner.setup()
@@ -151,3 +157,10 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError):
         openloop.run("127.0.0.1", 1, lambda _i: b"", rate_per_s=0, requests=1,
                      max_duration_s=1)
+
+
+def test_connection_close_is_honoured(server: int) -> None:
+    result = openloop.run("127.0.0.1", server, requests_to(server, "/once"), rate_per_s=100,
+                          requests=8, max_duration_s=5, warm_connections=1)
+    assert result.status_counts() == {200: 8}  # no request lost on a closed connection
+    assert result.connections == 8
