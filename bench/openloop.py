@@ -199,7 +199,18 @@ class _Run:
                       connections=self.opened)
 
     def _send(self, index: int, due: int) -> bool:
-        conn = self.idle.pop() if self.idle else self._open()
+        """Sends request ``index`` (False: no connection free, the arrival is shed)."""
+        if self.idle:
+            conn: _Conn | None = self.idle.pop()
+        else:
+            try:
+                conn = self._open()
+            except OSError as exc:  # refused, reset: a failed sample, not a crash
+                now = time.time_ns()
+                late = (now - due) / 1e9
+                self.samples.append(Sample(index, (now - self.start_ns) / 1e9, late, late, 0,
+                                           type(exc).__name__, None))
+                return True
         if conn is None:
             return False
         data = self.make(index)

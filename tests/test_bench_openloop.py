@@ -164,3 +164,10 @@ def test_connection_close_is_honoured(server: int) -> None:
                           requests=8, max_duration_s=5, warm_connections=1)
     assert result.status_counts() == {200: 8}  # no request lost on a closed connection
     assert result.connections == 8
+
+
+def test_refused_connections_are_failed_samples() -> None:
+    port = free_port()  # nothing listens there
+    result = openloop.run("127.0.0.1", port, lambda _i: b"", rate_per_s=200, requests=4,
+                          max_duration_s=5, warm_connections=0)
+    assert [(s.status, s.error) for s in result.samples] == [(0, "ConnectionRefusedError")] * 4
