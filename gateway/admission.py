@@ -246,11 +246,13 @@ class Admission:
             state.samples += 1
         if tier is not None and epoch is not None:
             state = self._tier(tier)
-            if state.adaptive is not None:
-                before = state.adaptive.limit
-                state.adaptive.observe(service_time_s, epoch)
-                self._limit_gauge(tier, state)  # minRTT moves without the limit moving
-                if state.adaptive.limit != before:
+            adaptive = state.adaptive
+            if adaptive is not None:
+                before = (adaptive.limit, adaptive.min_rtt_s)
+                adaptive.observe(service_time_s, epoch)
+                if (adaptive.limit, adaptive.min_rtt_s) != before:  # a probe may move minRTT only
+                    self._limit_gauge(tier, state)
+                if adaptive.limit != before[0]:
                     self._wake(state)
                     self._gauges(tier, state)
 
