@@ -80,7 +80,7 @@ async def infer(request: web.Request) -> web.Response:
         json_length=_json_length(request.headers.get(BINARY_HEADER)),
     )
     result = await plane.embed(served, parsed.texts, deadline=started + timeout_s)
-    encoded = oip.encode_infer_reply(
+    encoded = oip.encode_infer_response(
         config=served.config,
         request=parsed,
         embeddings=result.embeddings,

@@ -212,22 +212,9 @@ def encode_infer_response(
     embeddings: npt.NDArray[np.float32],
     parameters: Mapping[str, float | int | str | bool],
     token_counts: Sequence[int] = (),
-) -> bytes:
-    """The inference response: the requested outputs with flat row-major data (the JSON and,
-    when the request asked for binary outputs, the binary data after it)."""
-    return encode_infer_reply(config=config, request=request, embeddings=embeddings,
-                              parameters=parameters, token_counts=token_counts).body
-
-
-def encode_infer_reply(
-    *,
-    config: ModelConfig,
-    request: InferRequest,
-    embeddings: npt.NDArray[np.float32],
-    parameters: Mapping[str, float | int | str | bool],
-    token_counts: Sequence[int] = (),
 ) -> EncodedResponse:
-    """The inference response, with the outputs asked for as binary data after the JSON."""
+    """The inference response: the requested outputs with flat row-major data, in the JSON or,
+    for those asked for as binary data, as raw bytes after it."""
     spec = config.output
     tensors: list[tuple[str, str, list[int], npt.NDArray[Any]]] = []
     if request.outputs is None or spec.name in request.outputs:

@@ -104,7 +104,7 @@ def test_response_echoes_id_and_flattens_row_major() -> None:
     body = orjson.loads(oip.encode_infer_response(
         config=CONFIG, request=request, embeddings=embeddings,
         parameters={"queue_time_ms": 1.5, "compute_time_ms": 2.0, "batch_size": 2},
-    ))
+    ).body)
     assert body["model_name"] == "minilm" and body["model_version"] == "1"
     assert body["id"] == "abc"
     assert body["parameters"]["batch_size"] == 2
@@ -119,7 +119,7 @@ def test_response_reports_token_counts_as_a_second_output() -> None:
     body = orjson.loads(oip.encode_infer_response(
         config=CONFIG, request=request, embeddings=np.zeros((2, 4), np.float32),
         parameters={}, token_counts=[3, 4],
-    ))
+    ).body)
     names = [o["name"] for o in body["outputs"]]
     assert names == ["embedding", "token_count"]
     assert body["outputs"][1] == {"name": "token_count", "datatype": "INT32", "shape": [2],
@@ -130,7 +130,7 @@ def test_response_without_id_and_with_no_outputs_requested() -> None:
     request = oip.InferRequest(None, ["a"], ())
     body = orjson.loads(oip.encode_infer_response(
         config=CONFIG, request=request, embeddings=np.zeros((1, 4), np.float32), parameters={},
-    ))
+    ).body)
     assert "id" not in body
     assert body["outputs"] == []
 
@@ -183,8 +183,8 @@ def test_binary_outputs_follow_the_json_part() -> None:
                                  {"name": "token_count"}]})
     assert request.binary == frozenset({"embedding"}) and not request.binary_all
     embeddings = np.arange(8, dtype=np.float32).reshape(2, 4) / 3
-    reply = oip.encode_infer_reply(config=CONFIG, request=request, embeddings=embeddings,
-                                   parameters={}, token_counts=[1, 2])
+    reply = oip.encode_infer_response(config=CONFIG, request=request, embeddings=embeddings,
+                                      parameters={}, token_counts=[1, 2])
     assert reply.json_length is not None
     head = orjson.loads(reply.body[:reply.json_length])
     embedding, counts = head["outputs"]
