@@ -55,7 +55,9 @@ from bench.procs import Cores, busy_seconds, pinned, split_cores, steal_seconds
 from bench.services import Server
 
 MODEL = "minilm"
-HEADERS = {"Content-Type": "application/json", "Cache-Control": "no-store"}
+ROUTE = "/v1/embeddings"
+NO_STORE = {"Cache-Control": "no-store"}  # no cache read or write: every request a miss
+HEADERS = {"Content-Type": "application/json", **NO_STORE}
 TARGET_GOODPUT, TARGET_P99_RATIO, TARGET_SHED_MS = 0.95, 2.0, 2.0
 
 
@@ -128,11 +130,15 @@ def parse(argv: Sequence[str]) -> Plan:
     )
 
 
+def body(phase: str, index: int) -> bytes:
+    """An embeddings request with a text unique to ``phase`` and ``index``."""
+    return orjson.dumps({"input": f"overload {phase} request {index}", "model": MODEL})
+
+
 def factory(url: str, phase: str) -> RequestFactory:
     """Requests with a text unique to ``phase`` and index: every one a miss."""
     def make(index: int) -> Request:
-        body = orjson.dumps({"input": f"overload {phase} request {index}", "model": MODEL})
-        return Request(url=url, body=body, headers=HEADERS)
+        return Request(url=url, body=body(phase, index), headers=HEADERS)
     return make
 
 
@@ -169,7 +175,7 @@ class Phase:
 
 def run_rounds(plan: Plan, gateway: Server, backend: Server, floor: Server) -> list[Phase]:
     """A warm-up, then per round: capacity, 0.7x C, overload (C of that round) and the floor."""
-    url = f"{gateway.url}/v1/embeddings"
+    url = f"{gateway.url}{ROUTE}"
     clients = plan.clients
     ideal = plan.slots * 1000.0 / plan.service_ms
     cap = int(ideal * plan.duration_s * 2) + 100  # a count bound well past what time allows
@@ -216,9 +222,8 @@ def run_rounds(plan: Plan, gateway: Server, backend: Server, floor: Server) -> l
 def wire_factory(target: Server, phase: str) -> Callable[[int], bytes]:
     """The open-loop generator's requests: whole HTTP/1.1 requests, unique per index."""
     def make(index: int) -> bytes:
-        body = orjson.dumps({"input": f"overload {phase} request {index}", "model": MODEL})
-        return openloop.request_bytes(target.host, target.port, "/v1/embeddings", body,
-                                      {"Cache-Control": "no-store"})
+        return openloop.request_bytes(target.host, target.port, ROUTE, body(phase, index),
+                                      NO_STORE)
     return make
 
 
