@@ -1,16 +1,11 @@
-"""A small async HTTP load generator for loopback benchmarks: closed loop and open loop.
+"""A small async HTTP load generator for loopback benchmarks (closed loop), and the result
+types every generator here reports in.
 
-Two ways to offer load, both bounded in request count *and* wall time:
-
-- ``run_closed``: ``concurrency`` clients, each sending its next request as soon as its
-  previous one is answered, until ``requests`` have been sent or ``max_duration_s`` has passed.
-  Throughput is what the server sustains; latency is send to last body byte.
-- ``run_open``: requests launched on a fixed schedule (``rate_per_s``), whether or not earlier
-  ones are answered, until ``requests`` are scheduled or ``max_duration_s`` has passed. An
-  arrival that finds ``max_in_flight`` requests outstanding is *shed* (counted, never sent) so
-  memory stays bounded. Latency is measured from the scheduled time, so a client that falls
-  behind its schedule shows up in the figures instead of hiding queueing (coordinated
-  omission); ``Sample.lag_s`` says how late each send was.
+``run_closed``: ``concurrency`` clients, each sending its next request as soon as its previous
+one is answered, until ``requests`` have been sent or ``max_duration_s`` has passed (requests in
+flight then still finish, within ``timeout_s``). Throughput is what the server sustains; latency
+is send to last body byte. Open-loop load (a fixed arrival rate) comes from
+``bench/openloop.py``, which reports the same ``Sample``/``LoadResult``.
 
 Requests come from a factory ``make(index) -> Request`` (pre-encode bodies: the generator's own
 CPU time competes with the server on small machines). An optional ``inspect(reply)`` reads
@@ -82,7 +77,7 @@ class LoadResult:
     samples: list[Sample]
     wall_s: float  # first send to last answer
     planned: int  # requests asked for
-    shed: int = 0  # open loop: arrivals not sent because max_in_flight were outstanding
+    shed: int = 0  # open loop: arrivals not sent because no connection was free
     stopped_by: str = "count"  # "count" or "time" (the duration cap ended the run first)
 
     @property
@@ -168,53 +163,6 @@ async def run_closed(
     return LoadResult("closed", samples, wall, requests, 0, "time" if stopped else "count")
 
 
-async def run_open(
-    make: RequestFactory,
-    *,
-    rate_per_s: float,
-    requests: int,
-    max_duration_s: float,
-    max_in_flight: int = 1024,
-    timeout_s: float = 30.0,
-    inspect: Inspect | None = None,
-    session: aiohttp.ClientSession | None = None,
-) -> LoadResult:
-    """Schedules request ``i`` at ``i / rate_per_s`` seconds, ``requests`` in all or until
-    ``max_duration_s``; see the module doc for shedding and how latency is measured."""
-    _check(rate_per_s > 0 and requests >= 0 and max_duration_s > 0 and max_in_flight >= 1
-           and timeout_s > 0)
-    samples: list[Sample] = []
-    tasks: set[asyncio.Task[None]] = set()
-    shed = 0
-    stopped = False
-
-    async def one(http: aiohttp.ClientSession, index: int, start: float, due: float) -> None:
-        sent = time.perf_counter()
-        samples.append(await _send(http, make(index), index, start, sent, due, inspect))
-
-    async with _session(session, max_in_flight, timeout_s) as http:
-        start = time.perf_counter()
-        for index in range(requests):
-            due = start + index / rate_per_s
-            if due - start >= max_duration_s or time.perf_counter() - start >= max_duration_s:
-                stopped = True
-                break
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if len(tasks) >= max_in_flight:
-                shed += 1
-                continue
-            task = asyncio.create_task(one(http, index, start, due))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
-        wall = time.perf_counter() - start
-    samples.sort(key=lambda s: s.index)
-    return LoadResult("open", samples, wall, requests, shed, "time" if stopped else "count")
-
-
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Runs ``coro`` to completion on a fresh event loop (uvloop when installed: it spends
     less of the generator's CPU per request)."""
@@ -266,6 +214,6 @@ async def _session(
 
 def _check(ok: bool) -> None:
     if not ok:
-        raise ValueError("requests >= 0, concurrency/max_in_flight >= 1, and rate, duration "
-                         "and timeout > 0 are required")
+        raise ValueError("requests >= 0, concurrency >= 1, and duration and timeout > 0 are "
+                         "required")
 

@@ -1,11 +1,10 @@
 """A precise open-loop HTTP/1.1 load generator for loopback benchmarks of fast responses.
 
-``loadgen.run_open`` (aiohttp on an event loop) is fine for responses that take tens of
-milliseconds, but its own error is about a millisecond: event-loop timers fire on a millisecond
-grid, and a response is timestamped only when the generator's loop gets round to reading it
-(after its other callbacks, on a core it shares with other processes). That is the size of the
-figure the overload benchmark checks (a shed 503 in <= 2 ms), so this generator removes both
-errors:
+A generator on an event loop (aiohttp, as ``loadgen.run_closed``) errs by about a millisecond:
+event-loop timers fire on a millisecond grid, and a response is timestamped only when the loop
+gets round to reading it (after its other callbacks, on a core it shares with other processes).
+That is the size of the figure the overload benchmark checks (a shed 503 in <= 2 ms), so this
+generator removes both errors:
 
 - **Sends on time.** One thread, no event loop: it waits on ``epoll`` while the next arrival is
   more than a millisecond away and ``time.sleep`` (a nanosleep) for the rest, then writes the

@@ -1,7 +1,7 @@
-"""The benchmark load generator against a tiny aiohttp server on a real loopback socket.
+"""The closed-loop load generator against a tiny aiohttp server on a real loopback socket.
 
-Functional only: counts, recorded latencies, bounds in count and time, open-loop scheduling and
-shedding. No assertions about speed.
+Functional only: counts, recorded latencies, bounds in count and time, transport errors. No
+assertions about speed. (Open-loop scheduling and shedding: tests/test_bench_openloop.py.)
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from bench.loadgen import Reply, Request, RequestFactory, percentile, run_closed, run_open
+from bench.loadgen import Reply, Request, RequestFactory, percentile, run_closed
 from tests.conftest import free_port
 
 
@@ -98,44 +98,6 @@ async def test_closed_loop_stops_at_the_time_cap() -> None:
     assert len(result.samples) == echo.seen
     # The cap stops new sends; what was in flight finishes within the request timeout.
     assert result.wall_s < 0.3 + 30
-
-
-async def test_open_loop_keeps_its_schedule_regardless_of_completions() -> None:
-    echo = Echo(delay_s=0.2)
-    server = await serve(echo)
-    rate = 100.0
-    try:
-        result = await run_open(factory(server),
-                                rate_per_s=rate, requests=20, max_duration_s=30)
-    finally:
-        await server.close()
-    assert result.mode == "open" and result.stopped_by == "count" and result.shed == 0
-    assert [s.index for s in result.samples] == list(range(20))
-    assert result.status_counts() == {200: 20}
-    # Never sent before its slot; latency counts from the slot, so it includes any lag.
-    for sample in result.samples:
-        assert sample.sent_s >= sample.index / rate - 1e-6
-        assert sample.lag_s >= 0 and sample.latency_s >= sample.lag_s
-    # Requests overlapped: later ones went out while earlier ones were still being served.
-    assert echo.peak > 1
-
-
-async def test_open_loop_sheds_beyond_max_in_flight_and_stops_at_the_time_cap() -> None:
-    echo = Echo(delay_s=0.5)
-    server = await serve(echo)
-    try:
-        shedding = await run_open(factory(server),
-                                  rate_per_s=100, requests=10, max_duration_s=30,
-                                  max_in_flight=2)
-        capped = await run_open(factory(server),
-                                rate_per_s=50, requests=100_000, max_duration_s=0.2)
-    finally:
-        await server.close()
-    assert shedding.shed >= 1
-    assert len(shedding.samples) + shedding.shed == 10
-    assert echo.peak >= 2
-    assert capped.stopped_by == "time"
-    assert 0 < len(capped.samples) <= 11  # 0.2 s at 50/s: the slots 0 .. 0.18 s
 
 
 async def test_transport_errors_are_samples_not_crashes() -> None:
