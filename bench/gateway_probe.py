@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample as MetricSample
 
 from bench.loadgen import Reply
 
@@ -76,16 +77,20 @@ def fetch(base_url: str, body: bytes, path: str = PATH) -> tuple[int, Mapping[st
         return 0, {"error": type(exc).__name__}
 
 
-def cache_lookups(base_url: str) -> dict[str, float]:
-    """``gateway_cache_lookups_total`` from ``/metrics`` as ``{"l1 hit": n, ...}``."""
+def metric_samples(base_url: str, names: Collection[str]) -> list[MetricSample]:
+    """The samples named ``names`` (e.g. ``gateway_shed_total``) on ``base_url``'s ``/metrics``."""
     with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
         text = response.read().decode()
+    return [sample for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name in names]
+
+
+def cache_lookups(base_url: str) -> dict[str, float]:
+    """``gateway_cache_lookups_total`` from ``/metrics`` as ``{"l1 hit": n, ...}``."""
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "gateway_cache_lookups_total":
-                key = f"{sample.labels.get('tier', '?')} {sample.labels.get('result', '?')}"
-                out[key] = out.get(key, 0.0) + sample.value
+    for sample in metric_samples(base_url, {"gateway_cache_lookups_total"}):
+        key = f"{sample.labels.get('tier', '?')} {sample.labels.get('result', '?')}"
+        out[key] = out.get(key, 0.0) + sample.value
     return out
 
 

@@ -42,14 +42,14 @@ import platform
 import statistics
 import sys
 import time
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from bench import loadgen, openloop, services
+from bench.gateway_probe import metric_samples
 from bench.loadgen import LoadResult, Request, RequestFactory
 from bench.procs import Cores, busy_seconds, pinned, split_cores, steal_seconds
 from bench.services import Server
@@ -243,9 +243,9 @@ def main(argv: list[str]) -> int:
             before = _rss_kib(gateway)
             phases = run_rounds(plan, gateway, backend, floor)
             rss = (before, _rss_kib(gateway))
-            final = scrape(f"{gateway.url}/metrics", ("gateway_concurrency_limit",
-                                                      "gateway_adaptive_min_rtt_seconds",
-                                                      "gateway_shed_total"))
+            final = scrape(gateway.url, {"gateway_concurrency_limit",
+                                         "gateway_adaptive_min_rtt_seconds",
+                                         "gateway_shed_total"})
     except (RuntimeError, OSError) as exc:
         print(f"bench overload: {type(exc).__name__}: {exc}", file=sys.stderr)
         print(report(plan, phases, rss, final))
@@ -255,15 +255,12 @@ def main(argv: list[str]) -> int:
     return 1 if transport else 0
 
 
-def scrape(url: str, names: Sequence[str]) -> dict[str, float]:
-    """``name{labels}`` -> value for the samples of ``names`` on a Prometheus text page."""
-    with urllib.request.urlopen(url, timeout=5.0) as response:
-        text = response.read().decode("utf-8")
+def scrape(base_url: str, names: Collection[str]) -> dict[str, float]:
+    """``name{labels}`` -> value for the samples named ``names`` on ``/metrics``."""
     found: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(tuple(names)):
-            key, _, value = line.rpartition(" ")
-            found[key] = float(value)
+    for sample in metric_samples(base_url, names):
+        labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+        found[f"{sample.name}{{{labels}}}"] = sample.value
     return found
 
 
