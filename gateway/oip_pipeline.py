@@ -117,24 +117,19 @@ def _with_texts(body: dict[str, Any], texts: list[str]) -> dict[str, Any]:
         inputs.append({**tensor, "data": [next(it) for _ in range(n)]})
     out = {k: v for k, v in body.items() if k != "id"}
     out["inputs"] = inputs
-    if isinstance(out.get("parameters"), dict) and "binary_data_output" in out["parameters"]:
-        params = {k: v for k, v in out["parameters"].items() if k != "binary_data_output"}
-        if params:
-            out["parameters"] = params
-        else:
-            del out["parameters"]
+    out = _without_parameter(out, "binary_data_output")  # the gateway answers JSON
     if isinstance(out.get("outputs"), list):
-        out["outputs"] = [_json_output(o) for o in out["outputs"]]
+        out["outputs"] = [_without_parameter(o, "binary_data") for o in out["outputs"]]
     return out
 
 
-def _json_output(output: dict[str, Any]) -> dict[str, Any]:
-    """An ``outputs`` entry without the binary-data request (the gateway answers JSON)."""
-    params = output.get("parameters")
-    if not isinstance(params, dict) or "binary_data" not in params:
-        return output
-    rest = {k: v for k, v in params.items() if k != "binary_data"}
-    trimmed = {k: v for k, v in output.items() if k != "parameters"}
+def _without_parameter(obj: dict[str, Any], name: str) -> dict[str, Any]:
+    """``obj`` without ``parameters[name]`` (and without ``parameters`` if that empties it)."""
+    params = obj.get("parameters")
+    if not isinstance(params, dict) or name not in params:
+        return obj
+    rest = {k: v for k, v in params.items() if k != name}
+    trimmed = {k: v for k, v in obj.items() if k != "parameters"}
     if rest:
         trimmed["parameters"] = rest
     return trimmed
