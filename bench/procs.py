@@ -188,8 +188,7 @@ def busy_seconds() -> float:
     delta over a run, minus what the measured processes used, is what *other* processes took
     on a shared machine."""
     with contextlib.suppress(OSError, ValueError, IndexError):
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-        ticks = [int(f) for f in fields]
+        ticks = _cpu_ticks()
         idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
         return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
     return 0.0
@@ -199,9 +198,14 @@ def steal_seconds() -> float:
     """CPU seconds the hypervisor has given to other guests since boot (``/proc/stat``'s steal
     column, summed over CPUs): time this VM wanted to run and could not."""
     with contextlib.suppress(OSError, ValueError, IndexError):
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-        return int(fields[7]) / os.sysconf("SC_CLK_TCK")
+        return _cpu_ticks()[7] / os.sysconf("SC_CLK_TCK")
     return 0.0
+
+
+def _cpu_ticks() -> list[int]:
+    """The machine-wide ``cpu`` line of ``/proc/stat``: user, nice, system, idle, iowait, irq,
+    softirq, steal, ... in clock ticks."""
+    return [int(f) for f in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
 
 
 def http_status(url: str, timeout_s: float = 1.0) -> int:
