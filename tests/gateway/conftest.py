@@ -50,19 +50,26 @@ def start_backend(models_dir: Path, *, zone: str = "local", region: str = "local
            "--zone", zone, "--region", region, *extra]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    wait_ready(proc, f"{url}/v2/health/ready", timeout_s=120, what="backend")
+    return BackendProc(url, port, proc)
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str, *, timeout_s: float, what: str) -> None:
+    """Polls ``url`` until it answers 200. Raises with the tail of the process's stderr if it
+    exits first; stops it and raises ``TimeoutError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             err = proc.stderr.read().decode() if proc.stderr else ""
-            raise RuntimeError(f"backend exited with {proc.returncode}: {err[-2000:]}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {err[-2000:]}")
         try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                return BackendProc(url, port, proc)
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
-        time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError("backend did not become ready in 120 s")
+        time.sleep(0.1)
+    stop_process(proc)
+    raise TimeoutError(f"{what} did not become ready in {timeout_s:g} s")
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:

@@ -5,14 +5,19 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
 
 from tests.conftest import REPO, RedisServer, free_port
-from tests.gateway.conftest import BackendProc, GatewayFactory, gateway_env, stop_process
+from tests.gateway.conftest import (
+    BackendProc,
+    GatewayFactory,
+    gateway_env,
+    stop_process,
+    wait_ready,
+)
 
 
 def start_gateway(backend: BackendProc, redis_url: str, *extra: str) -> tuple[str, Any]:
@@ -22,18 +27,8 @@ def start_gateway(backend: BackendProc, redis_url: str, *extra: str) -> tuple[st
     proc = subprocess.Popen(cmd, cwd=REPO, env=gateway_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(proc.stderr.read().decode()[-2000:] if proc.stderr else "exited")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return url, proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    stop_process(proc)
-    raise TimeoutError("gateway did not become ready")
+    wait_ready(proc, f"{url}/readyz", timeout_s=60, what="gateway")
+    return url, proc
 
 
 async def test_two_gateway_processes_share_l2(backend: BackendProc, redis_url: str) -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import httpx
 
 from tests.conftest import REPO, free_port
-from tests.gateway.conftest import BackendProc, gateway_env, metric_value, stop_process
+from tests.gateway.conftest import BackendProc, gateway_env, metric_value, stop_process, wait_ready
 
 
 def _start(args: list[str]) -> subprocess.Popen[bytes]:
@@ -17,27 +16,12 @@ def _start(args: list[str]) -> subprocess.Popen[bytes]:
                             env=gateway_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            raise RuntimeError(f"gateway exited {proc.returncode}: {err[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError("gateway not ready")
-
-
 def test_two_workers_share_the_port_and_metrics(backend: BackendProc) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = _start(["--port", str(port), "--backend", backend.url, "--workers", "2"])
     try:
-        _wait_ready(url, proc)
+        wait_ready(proc, f"{url}/readyz", timeout_s=60, what="gateway")
         with httpx.Client(timeout=10) as http:
             for i in range(40):
                 # A new connection each time so the kernel spreads them over both workers.
