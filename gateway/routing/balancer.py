@@ -194,16 +194,18 @@ class Router:
         self._gauge(state, now)
         return True
 
-    def set_health(self, state: BackendState, healthy: bool) -> None:
-        """Record an active health-check verdict. It does not cut an ejection short."""
-        if state.healthy != healthy:
+    def set_health(self, state: BackendState, healthy: bool) -> bool:
+        """Record an active health-check verdict; True when it changed the backend's health.
+
+        It does not cut an ejection short. The health checker logs the change: it knows why
+        (a backend still starting up is not a failure).
+        """
+        changed = state.healthy != healthy
+        if changed:
             state.healthy = healthy
             self._versions.clear()
-            log.warning(
-                "backend %s", "healthy" if healthy else "unhealthy",
-                extra={"backend": state.name, "zone": state.spec.zone},
-            )
         self._gauge(state, self._clock())
+        return changed
 
     def set_model_versions(self, state: BackendState, versions: Mapping[str, str]) -> None:
         """Record the model versions a backend's metadata reports."""

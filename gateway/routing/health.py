@@ -6,6 +6,10 @@ and other errors must repeat ``unhealthy_threshold`` times, so one slow answer u
 not move traffic. One success marks it healthy again, but does not cut a passive ejection short:
 ejection is about failed calls, which a cheap readiness probe cannot vouch for.
 
+The checker logs each change of health. A backend that has not been ready once since the gateway
+started (refused or not ready: it is starting or warming up) is logged at INFO, once; a backend
+that was ready and stops being so is a failure, logged at WARNING with the reason.
+
 A healthy backend is also asked ``GET /v2/models/{name}`` for every configured model; the router
 turns the reported versions into the version the cache keys use, and ``on_version_change`` hears
 of a change the moment a check sees it.
@@ -37,6 +41,10 @@ class _Probe(enum.Enum):
     FLAKY = "flaky"  # timeout or transport error: counts toward the threshold
 
 
+_Verdict = tuple[_Probe, str]
+"""A probe's outcome and, when it failed, why (for the log: no URL, no body)."""
+
+
 class _Unknown(enum.Enum):
     """Metadata could not be read this time: keep what we knew."""
 
@@ -63,6 +71,7 @@ class HealthChecker:
         self._on_version_change = on_version_change
         self._timeout = aiohttp.ClientTimeout(total=settings.health_timeout_s)
         self._task: asyncio.Task[None] | None = None
+        self._seen_ready: set[BackendState] = set()  # ready at least once since start
 
     async def start(self) -> None:
         """Check every backend once (so versions are known before traffic), then keep polling."""
@@ -105,7 +114,7 @@ class HealthChecker:
                         log.exception("on_version_change callback failed")
 
     async def _check(self, state: BackendState) -> None:
-        probe = await self._probe(state)
+        probe, reason = await self._probe(state)
         if probe is _Probe.OK:
             state.health_failures = 0
             versions = dict(state.model_versions)
@@ -117,23 +126,41 @@ class HealthChecker:
                     versions[model] = found
             # Versions first, so the flip to healthy already carries them.
             self._router.set_model_versions(state, versions)
-            self._router.set_health(state, True)
+            if self._router.set_health(state, True):
+                log.info("backend healthy", extra=self._fields(state))
+            self._seen_ready.add(state)
             return
         state.health_failures += 1
         if probe is _Probe.DOWN or state.health_failures >= self._settings.unhealthy_threshold:
-            self._router.set_health(state, False)
+            if not self._router.set_health(state, False):
+                return
+            fields = {**self._fields(state), "reason": reason}
+            if state in self._seen_ready:
+                log.warning("backend unhealthy", extra=fields)
+            else:
+                # Starting or warming up (a backend answers ready only after its warm-up):
+                # expected at start-up, so not a warning. Logged once: it stays unhealthy.
+                log.info("backend not ready yet", extra=fields)
 
-    async def _probe(self, state: BackendState) -> _Probe:
+    @staticmethod
+    def _fields(state: BackendState) -> dict[str, str]:
+        return {"backend": state.name, "zone": state.spec.zone}
+
+    async def _probe(self, state: BackendState) -> _Verdict:
         try:
             async with self._session.get(
                 f"{state.url}/v2/health/ready", timeout=self._timeout
             ) as resp:
                 await resp.read()
-                return _Probe.OK if resp.status == 200 else _Probe.DOWN
+                if resp.status == 200:
+                    return _Probe.OK, ""
+                return _Probe.DOWN, f"readiness answered HTTP {resp.status}"
         except aiohttp.ClientConnectorError:
-            return _Probe.DOWN
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return _Probe.FLAKY
+            return _Probe.DOWN, "connection refused or unreachable"
+        except TimeoutError:
+            return _Probe.FLAKY, "readiness check timed out"
+        except (aiohttp.ClientError, OSError) as exc:
+            return _Probe.FLAKY, f"readiness check failed ({type(exc).__name__})"
 
     async def _version(self, state: BackendState, model: str) -> str | _Unknown | None:
         """The highest version the backend lists for ``model``; None if it does not serve it."""
