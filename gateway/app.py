@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway import ops_routes, state
+from gateway.adapters.render import FragmentCache
 from gateway.adaptive import AdaptiveSettings
 from gateway.admission import Admission
 from gateway.cache.memory import MemoryCache
@@ -27,16 +28,15 @@ from gateway.cache.tiered import TieredCache
 from gateway.handlers import oip, openai, ops
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import make_error_middleware
-from gateway.oip_pipeline import OipPipeline
+from gateway.observe import MetricsObserver
 from gateway.pipeline import Pipeline
 from gateway.policy.store import PolicyStore
-from gateway.render import FragmentCache
 from gateway.routing.balancer import Router
 from gateway.routing.config import BackendSpec, RoutingSettings
 from gateway.routing.health import HealthChecker
 from gateway.settings import Settings, SettingsError
 from gateway.tenants import Tenants
-from gateway.upstream import Upstream
+from gateway.upstream import AiohttpTransport, Upstream
 
 log = logging.getLogger("gateway")
 
@@ -77,8 +77,12 @@ def create_app(
     registry: CollectorRegistry | None = None,
     tenants: Tenants | None = None,
     handle_signals: bool = False,
+    clock: Callable[[], float] = time.time,
 ) -> web.Application:
-    """Build the gateway application from settings."""
+    """Build the gateway application from settings.
+
+    ``clock`` is the wall clock entries are aged by (tests pass their own).
+    """
     if not settings.backends:
         raise SettingsError("backends: at least one backend URL is required (--backend URL)")
     metrics = GatewayMetrics(registry)
@@ -102,17 +106,20 @@ def create_app(
     specs = [BackendSpec(url=b.url, region=b.region, zone=b.zone) for b in settings.backends]
     router = Router(specs, rsettings, metrics=metrics)
     app[state.ROUTER] = router
-    l1 = MemoryCache(max_entries=settings.l1_max_entries, max_bytes=settings.l1_max_bytes)
+    observer = MetricsObserver(metrics)
+    app[state.OBSERVER] = observer
+    l1 = MemoryCache(max_entries=settings.l1_max_entries, max_bytes=settings.l1_max_bytes,
+                     clock=clock)
     l2 = None
     if settings.redis_url:
         l2 = RedisCache(RedisSettings(
             url=settings.redis_url, timeout_s=settings.redis_timeout_ms / 1000.0,
             key_prefix=settings.redis_key_prefix, cluster=settings.redis_cluster,
         ), metrics=metrics)
-    cache = TieredCache(l1, l2, metrics=metrics)
+    cache = TieredCache(l1, l2, observer=observer)
     app[state.CACHE] = cache
     app[state.FRAGMENTS] = FragmentCache()
-    app.cleanup_ctx.append(_lifetime(handle_signals))
+    app.cleanup_ctx.append(_lifetime(handle_signals, clock))
 
     app.router.add_post("/v1/embeddings", openai.embeddings)
     app.router.add_post("/v1/classify", openai.classify)
@@ -130,34 +137,31 @@ def create_app(
     return app
 
 
-def _lifetime(handle_signals: bool):  # type: ignore[no-untyped-def]
+def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
+        [web.Application], AsyncIterator[None]]:
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         settings = app[state.SETTINGS]
         metrics = app[state.METRICS]
         router = app[state.ROUTER]
         rsettings = routing_settings(settings)
-        connector = aiohttp.TCPConnector(
-            limit=settings.pool_size, limit_per_host=settings.pool_size,
-            keepalive_timeout=60.0, ttl_dns_cache=300,
-        )
-        session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        transport = AiohttpTransport.create(pool_size=rsettings.pool_size,
+                                            connect_timeout_s=rsettings.connect_timeout_s)
         policies = app[state.POLICIES]
         await policies.reload()
         await policies.start()
         admission = Admission(rsettings, metrics=metrics)
-        upstream = Upstream(session, router, admission, rsettings, metrics=metrics)
+        upstream = Upstream(transport, router, admission, rsettings, observer=app[state.OBSERVER])
         app[state.UPSTREAM] = upstream
-        health = HealthChecker(router, session, rsettings)
+        health = HealthChecker(router, transport.session, rsettings)
         await health.start()
         pipeline = Pipeline(policies=policies, cache=app[state.CACHE], upstream=upstream,
-                            model_version=router.model_version, metrics=metrics,
-                            log_request_text=settings.log_request_text)
+                            model_version=router.model_version, observer=app[state.OBSERVER],
+                            clock=clock, log_request_text=settings.log_request_text)
         app[state.PIPELINE] = pipeline
-        app[state.OIP] = OipPipeline(pipeline=pipeline, cache=app[state.CACHE],
-                                     upstream=upstream, model_version=router.model_version)
         loop = asyncio.get_running_loop()
         if handle_signals:
-            loop.add_signal_handler(signal.SIGHUP, lambda: pipeline.spawn(_reload(policies)))
+            loop.add_signal_handler(signal.SIGHUP,
+                                    lambda: pipeline.background.spawn(_reload(policies)))
         try:
             yield
         finally:
@@ -167,7 +171,7 @@ def _lifetime(handle_signals: bool):  # type: ignore[no-untyped-def]
             await policies.stop()
             await pipeline.drain()
             await app[state.CACHE].close()
-            await session.close()
+            await transport.close()
 
     return lifetime
 

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
+    from gateway.adapters.render import FragmentCache
     from gateway.cache.tiered import TieredCache
     from gateway.metrics import GatewayMetrics
-    from gateway.oip_pipeline import OipPipeline
+    from gateway.observe import MetricsObserver
     from gateway.pipeline import Pipeline
     from gateway.policy.store import PolicyStore
-    from gateway.render import FragmentCache
     from gateway.routing.balancer import Router
     from gateway.settings import Settings
     from gateway.stats import Stats
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings")
 METRICS: web.AppKey[GatewayMetrics] = web.AppKey("metrics")
 PIPELINE: web.AppKey[Pipeline] = web.AppKey("pipeline")
-OIP: web.AppKey[OipPipeline] = web.AppKey("oip")
+OBSERVER: web.AppKey[MetricsObserver] = web.AppKey("observer")
 TENANTS: web.AppKey[Tenants] = web.AppKey("tenants")
 POLICIES: web.AppKey[PolicyStore] = web.AppKey("policies")
 CACHE: web.AppKey[TieredCache] = web.AppKey("cache")

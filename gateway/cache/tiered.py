@@ -16,44 +16,26 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from prometheus_client import Counter
-
 from gateway.cache.coalesce import LookupCoalescer
 from gateway.cache.entry import Entry
 from gateway.cache.memory import MemoryCache
 from gateway.cache.redis import RedisCache
 from gateway.keys import CacheKey
-from gateway.metrics import GatewayMetrics
+from gateway.observe import NullObserver, Observer
 
 #: Background L2 writes allowed in flight; beyond it ``set_many`` waits for L2 instead.
 MAX_PENDING_WRITES = 256
-
-
-class _Counts:
-    """Pre-bound counter children: ``labels()`` per item would cost more than the lookup."""
-
-    def __init__(self, metrics: GatewayMetrics) -> None:
-        lookups = metrics.cache_lookups
-        self.children: dict[tuple[str, str], Counter] = {
-            (tier, result): lookups.labels(tier=tier, result=result)
-            for tier in ("l1", "l2") for result in ("hit", "stale", "miss", "error")
-        }
-        self.stores = {t: metrics.cache_stores.labels(tier=t) for t in ("l1", "l2")}
-
-    def add(self, tier: str, result: str, n: int) -> None:
-        if n:
-            self.children[tier, result].inc(n)
 
 
 class TieredCache:
     """The composed cache (see the module docstring)."""
 
     def __init__(
-        self, l1: MemoryCache, l2: RedisCache | None, *, metrics: GatewayMetrics | None = None
+        self, l1: MemoryCache, l2: RedisCache | None, *, observer: Observer | None = None
     ) -> None:
         self.l1 = l1
         self.l2 = l2
-        self._counts = _Counts(metrics) if metrics is not None else None
+        self._observer: Observer = observer or NullObserver()
         self._pending: set[asyncio.Task[None]] = set()
         self._l2_lookup = LookupCoalescer(l2).lookup if l2 is not None else None
 
@@ -78,18 +60,15 @@ class TieredCache:
                 if not entry.is_fresh(now):
                     l1_stale += 1
                     ask.append(i)
-        counts = self._counts
-        if counts is not None:
-            misses = len(ask) - l1_stale
-            counts.add("l1", "hit", len(keys) - len(ask))
-            counts.add("l1", "stale", l1_stale)
-            counts.add("l1", "miss", misses)
+        observe = self._observer.cache_lookups
+        observe("l1", "hit", len(keys) - len(ask))
+        observe("l1", "stale", l1_stale)
+        observe("l1", "miss", len(ask) - l1_stale)
         if not ask or self._l2_lookup is None:
             return out
         found, ok = await self._l2_lookup([keys[i] for i in ask])
         if not ok:
-            if counts is not None:
-                counts.add("l2", "error", len(ask))
+            observe("l2", "error", len(ask))
             return out
         hit = stale = 0
         for i, entry in zip(ask, found, strict=True):
@@ -104,20 +83,16 @@ class TieredCache:
                 out[i] = (entry, "l2")
                 self.l1.set(keys[i], entry)
             # else: L1's stale copy is as new as L2's; keep it
-        if counts is not None:
-            counts.add("l2", "hit", hit)
-            counts.add("l2", "stale", stale)
-            counts.add("l2", "miss", len(ask) - hit - stale)
+        observe("l2", "hit", hit)
+        observe("l2", "stale", stale)
+        observe("l2", "miss", len(ask) - hit - stale)
         return out
 
     async def set_many(
         self, items: Sequence[tuple[CacheKey, Entry]], *, background: bool = False
     ) -> None:
         """Store in L1 now and in L2 (awaited, or as a tracked task with ``background``)."""
-        stored = sum(self.l1.set(key, entry) for key, entry in items)
-        counts = self._counts
-        if counts is not None and stored:
-            counts.stores["l1"].inc(stored)
+        self._observer.cache_stored("l1", sum(self.l1.set(key, entry) for key, entry in items))
         if self.l2 is None or not items:
             return
         if background and len(self._pending) < MAX_PENDING_WRITES:
@@ -128,9 +103,7 @@ class TieredCache:
         await self._store_l2(self.l2, items)
 
     async def _store_l2(self, l2: RedisCache, items: Sequence[tuple[CacheKey, Entry]]) -> None:
-        written = await l2.store(items)
-        if self._counts is not None and written:
-            self._counts.stores["l2"].inc(written)
+        self._observer.cache_stored("l2", await l2.store(items))
 
     async def flush(self) -> None:
         """Wait for every background L2 write started so far."""

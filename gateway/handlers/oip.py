@@ -1,37 +1,38 @@
-"""Open Inference Protocol v2 routes: ``infer`` (cached) and metadata/health passthrough."""
+"""Open Inference Protocol v2 routes: ``infer`` (cached, through the one pipeline) and
+metadata/health passthrough."""
 
 from __future__ import annotations
-
-import time
 
 import orjson
 from aiohttp import web
 
 from gateway import state
-from gateway.handlers.common import cache_headers, make_context, resolve_model
-from gateway.handlers.parsing import read_json
+from gateway.adapters.oip import parse_oip
+from gateway.errors import ModelNotFound
+from gateway.handlers.common import answer, begin, resolver
 from gateway.middleware import request_id_of
-from gateway.oip_pipeline import validate
 
-MAX_TENSOR_ELEMENTS = 4096
+
+def _served_model(request: web.Request) -> str:
+    """The backend model of the path; a version in the path must be the one served (else 404):
+    answers of one version never stand in for another's."""
+    model = resolver(request)(request.match_info["name"])
+    version = request.match_info.get("version")
+    if version is not None:
+        served = request.app[state.ROUTER].model_version(model)
+        if served is None or version != served:
+            raise ModelNotFound(f"version {version!r} of model {model!r} is not served here"
+                                + (f" (serving version {served!r})" if served else ""))
+    return model
 
 
 async def infer(request: web.Request) -> web.Response:
-    t0 = time.perf_counter()
-    settings = request.app[state.SETTINGS]
-    model = resolve_model(request, request.match_info["name"])
-    data = await read_json(request, settings.max_body_bytes)
-    # A hard cap against huge flattened tensors; the policy's max_items is the real limit.
-    req = validate(data, max_items=MAX_TENSOR_ELEMENTS)
-    ctx = make_context(request, "/v2/models/{name}/infer")
-    ctx.add_timing("parse", time.perf_counter() - t0)
-    answer = await request.app[state.OIP].infer(ctx, model, req)
-    return web.Response(body=answer.body, content_type="application/json",
-                        headers=cache_headers(ctx, answer.age_s))
+    ctx, data = await begin(request, "/v2/models/{name}/infer")
+    return await answer(request, ctx, parse_oip(data, _served_model(request)))
 
 
 async def model_metadata(request: web.Request) -> web.Response:
-    model = resolve_model(request, request.match_info["name"])
+    model = resolver(request)(request.match_info["name"])
     version = request.match_info.get("version")
     path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
     raw = await request.app[state.UPSTREAM].get(path, request_id=request_id_of(request))

@@ -68,6 +68,7 @@ class Router:
         ]
         self._tiers = [(t, members) for t, members in self._tiers if members]
         self._versions: dict[str, str | None] = {}
+        self._widths: dict[str, int] = {}
         self.refresh_gauges()
 
     def _locality(self, spec: BackendSpec) -> Tier:
@@ -230,6 +231,14 @@ class Router:
             version = max(counts, key=lambda v: (counts[v], version_sort_key(v)))
         self._versions[model] = version
         return version
+
+    def set_model_width(self, model: str, width: int) -> None:
+        """Record a model's embedding size (from its metadata, or from an answer)."""
+        self._widths[model] = width
+
+    def model_width(self, model: str) -> int | None:
+        """The model's embedding size, once a backend's metadata or answer told it."""
+        return self._widths.get(model)
 
     def ready(self) -> bool:
         """At least one backend passes its health checks."""

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import aiohttp
 import numpy as np
 import orjson
 import pytest
 
 from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
-from gateway.upstream_wire import (
+from gateway.upstream.transport import ConnectError, ReadTimeout, TransportError
+from gateway.upstream.wire import (
     Retryable,
     classify_exception,
     error_message,
@@ -164,11 +164,10 @@ def test_status_and_exception_mapping() -> None:
 
     assert classify_exception(TimeoutError(), deadline_passed=True) == "cancelled"
     assert classify_exception(TimeoutError(), deadline_passed=False) == "timeout"
-    assert classify_exception(aiohttp.ConnectionTimeoutError(), deadline_passed=False) == (
-        "conn_error")
-    assert classify_exception(aiohttp.ServerDisconnectedError(), deadline_passed=False) == (
-        "conn_error")
-    assert classify_exception(aiohttp.ClientError(), deadline_passed=False) == "error"
+    assert classify_exception(ReadTimeout(), deadline_passed=False) == "timeout"
+    assert classify_exception(ConnectError(), deadline_passed=False) == "conn_error"
+    assert classify_exception(ConnectError(), deadline_passed=True) == "cancelled"
+    assert classify_exception(TransportError(), deadline_passed=False) == "error"
     assert isinstance(exception_error("b1", "conn_error", OSError()), Retryable)
     assert isinstance(exception_error("b1", "timeout", OSError()), DeadlineExceeded)
     assert isinstance(exception_error("b1", "error", OSError()), BadGateway)

@@ -16,8 +16,9 @@ from prometheus_client import CollectorRegistry
 
 from gateway.admission import Admission
 from gateway.metrics import GatewayMetrics
+from gateway.observe import MetricsObserver
 from gateway.routing import BackendSpec, Router, RoutingSettings
-from gateway.upstream import InferResult, Upstream, create_session
+from gateway.upstream import AiohttpTransport, InferResult, Upstream
 from tests.gateway.routing.oip_fake import FakeBackend
 
 
@@ -28,6 +29,7 @@ class Rig:
     admission: Admission
     settings: RoutingSettings
     registry: CollectorRegistry
+    transport: AiohttpTransport
 
     def metric(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
@@ -55,10 +57,12 @@ async def build() -> AsyncIterator[Build]:
         specs = [BackendSpec(url=b.url, zone=z, region="r1") for b, z in backends]
         router = Router(specs, settings, metrics=metrics)
         admission = Admission(settings, metrics=metrics)
-        session = create_session(settings)
-        cleanups.append(session.close)
-        upstream = Upstream(session, router, admission, settings, metrics=metrics)
-        return Rig(upstream, router, admission, settings, registry)
+        transport = AiohttpTransport.create(pool_size=settings.pool_size,
+                                            connect_timeout_s=settings.connect_timeout_s)
+        cleanups.append(transport.close)
+        upstream = Upstream(transport, router, admission, settings,
+                            observer=MetricsObserver(metrics))
+        return Rig(upstream, router, admission, settings, registry, transport)
 
     yield make
     for cleanup in cleanups:

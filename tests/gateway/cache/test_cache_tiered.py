@@ -16,6 +16,7 @@ from gateway.cache.settings import RedisSettings
 from gateway.cache.tiered import TieredCache
 from gateway.keys import CacheKey, derive_key
 from gateway.metrics import GatewayMetrics
+from gateway.observe import MetricsObserver
 from tests.gateway.cache.blackhole import black_hole, close_black_hole
 
 
@@ -53,7 +54,7 @@ async def test_l2_hits_are_promoted_and_counted(l2: RedisCache) -> None:
     await writer.set_many([(k("a"), fresh(b"A")), (k("b"), fresh(b"B"))])
 
     # Another replica: empty L1, same Redis.
-    reader = TieredCache(l1(), l2, metrics=GatewayMetrics(registry))
+    reader = TieredCache(l1(), l2, observer=MetricsObserver(GatewayMetrics(registry)))
     got = await reader.get_many([k("a"), k("zz"), k("b")])
     assert [(e.value if e else None, t) for e, t in got] == [
         (b"A", "l2"), (None, ""), (b"B", "l2"),
@@ -107,7 +108,7 @@ async def test_purge_and_delete_reach_both_tiers(l2: RedisCache) -> None:
 
 async def test_without_l2_it_is_just_the_lru() -> None:
     registry = CollectorRegistry()
-    cache = TieredCache(l1(), None, metrics=GatewayMetrics(registry))
+    cache = TieredCache(l1(), None, observer=MetricsObserver(GatewayMetrics(registry)))
     await cache.set_many([(k("a"), fresh())], background=True)
     await cache.flush()
     got = await cache.get_many([k("a"), k("b")])
@@ -124,7 +125,7 @@ async def test_l2_down_serves_l1_and_counts_errors() -> None:
     l2 = RedisCache(RedisSettings(url=f"redis://127.0.0.1:{port}/0", timeout_s=0.05,
                                   connect_timeout_s=0.05, failure_threshold=1, open_s=60),
                     metrics=metrics)
-    cache = TieredCache(l1(), l2, metrics=metrics)
+    cache = TieredCache(l1(), l2, observer=MetricsObserver(metrics))
     try:
         await cache.set_many([(k("a"), fresh())])  # L1 stored; the L2 write times out
         got = await cache.get_many([k("a"), k("b"), k("c")])

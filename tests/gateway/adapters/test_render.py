@@ -7,10 +7,11 @@ import time
 import numpy as np
 import orjson
 
+from gateway.adapters.render import FragmentCache
+from gateway.adapters.vectors import vector
 from gateway.cache.entry import Entry
 from gateway.keys import CacheKey, derive_key
-from gateway.pipeline import ItemResult
-from gateway.render import FragmentCache
+from gateway.pipeline import Outcome
 
 
 def _key(text: str) -> CacheKey:
@@ -18,20 +19,19 @@ def _key(text: str) -> CacheKey:
                       normalization="n", canonical=text.encode())
 
 
-def _hit(text: str, vec: np.ndarray) -> ItemResult:
+def _hit(text: str, vec: np.ndarray) -> Outcome:
     entry = Entry(vec.tobytes(), time.time(), 60.0)
-    return ItemResult(np.frombuffer(entry.value, dtype=np.float32), "HIT", 0.0, 5,
-                      _key(text), entry)
+    return Outcome(entry.value, entry.meta, "HIT", 0.0, _key(text), entry)
 
 
 def test_body_matches_a_whole_render() -> None:
     rng = np.random.default_rng(3)
     items = [_hit("a", rng.standard_normal(384).astype(np.float32)),
-             ItemResult(rng.standard_normal(384).astype(np.float32), "MISS", 0.0, 7)]
+             Outcome(rng.standard_normal(384).astype(np.float32).tobytes(), b"", "MISS", 0.0)]
     body = FragmentCache().embeddings_body(items, 'model "x"', 12)
     whole = orjson.dumps({
         "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": it.vector}
+        "data": [{"object": "embedding", "index": i, "embedding": vector(it)}
                  for i, it in enumerate(items)],
         "model": 'model "x"', "usage": {"prompt_tokens": 12, "total_tokens": 12},
     }, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -1,4 +1,4 @@
-"""The upstream client: OIP v2 calls to the backends over one pooled keep-alive session.
+"""The upstream client: OIP v2 calls to the backends through a ``Transport`` (transport.py).
 
 Each call: the router picks a backend (nearest tier, P2C), admission grants a slot in that tier
 (failing over to the next tier when a tier would shed), the request goes out with
@@ -7,7 +7,7 @@ anyone sees it. A connection failure or a backend 503 is retried once on another
 (inference is idempotent); with ``hedge_after_p95`` a call slower than its tier's p95 gets a
 second copy on another backend and the first answer wins.
 
-aiohttp exceptions stop here; callers only see ``gateway.errors``:
+Transport errors stop here; callers only see ``gateway.errors``:
 
     connection refused / reset / connect timeout  -> retried, then BadGateway (502)
     backend 503 on every try                      -> Overloaded(reason="backend_overloaded")
@@ -27,23 +27,30 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import aiohttp
 import numpy as np
 
 from gateway.admission import Admission, Slot
 from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
-from gateway.metrics import GatewayMetrics
+from gateway.observe import NullObserver, Observer
 from gateway.routing.backends import BackendState
 from gateway.routing.balancer import Outcome, Router
 from gateway.routing.config import RoutingSettings
 from gateway.routing.hedge import HedgePolicy, race
-from gateway.upstream_wire import (
+from gateway.upstream.transport import (
+    ConnectError,
+    ReadTimeout,
+    Request,
+    Transport,
+    TransportError,
+)
+from gateway.upstream.wire import (
     Retryable,
     classify_exception,
     error_message,
     exception_error,
     infer_request_body,
     parse_embeddings,
+    server_timing,
     status_outcome,
 )
 
@@ -75,6 +82,11 @@ class RawResult:
     zone: str = ""
     upstream_s: float = 0.0
 
+    @property
+    def timing_ms(self) -> dict[str, float]:
+        """The backend's ``Server-Timing`` (queue, compute...) in milliseconds."""
+        return server_timing(self.headers)
+
 
 @dataclass(frozen=True, slots=True)
 class _Reply:
@@ -85,41 +97,25 @@ class _Reply:
     latency_s: float
 
 
-def create_session(settings: RoutingSettings) -> aiohttp.ClientSession:
-    """The one pooled keep-alive session for all backend traffic (call inside the event loop)."""
-    connector = aiohttp.TCPConnector(
-        limit=settings.pool_size, limit_per_host=settings.pool_size, keepalive_timeout=30.0,
-        ttl_dns_cache=60,
-    )
-    return aiohttp.ClientSession(
-        connector=connector,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s),
-        skip_auto_headers=("User-Agent",),
-    )
-
-
 class Upstream:
     """Routes, admits, sends and checks backend calls; the pipeline's one way to a backend."""
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        transport: Transport,
         router: Router,
         admission: Admission,
         settings: RoutingSettings,
         *,
-        metrics: GatewayMetrics | None = None,
+        observer: Observer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._session = session
+        self._transport = transport
         self._router = router
         self._admission = admission
         self._settings = settings
-        self._metrics = metrics
+        self._observer: Observer = observer or NullObserver()
         self._clock = clock
-        self._timeout = aiohttp.ClientTimeout(
-            total=settings.read_timeout_s, sock_connect=settings.connect_timeout_s
-        )
         self._hedge = HedgePolicy(settings) if settings.hedge_after_p95 else None
 
     def ready(self) -> bool:
@@ -132,8 +128,7 @@ class Upstream:
         """Embeddings for ``texts`` (float32 ``[n, dim]``) from the best backend."""
         n = len(texts)
         body = infer_request_body(texts)
-        if self._metrics is not None:
-            self._metrics.upstream_batch.observe(n)
+        self._observer.upstream_batch(n)
 
         def decode(reply: _Reply) -> InferResult:
             if reply.status != 200:
@@ -174,23 +169,17 @@ class Upstream:
             tried.append(state)
             start = self._clock()
             try:
-                async with self._session.get(
-                    state.url + path, headers={"X-Request-Id": request_id},
-                    timeout=self._timeout,
-                ) as resp:
-                    body = await resp.read()
-                    return RawResult(resp.status, body, resp.headers, state.name,
-                                     state.spec.zone, self._clock() - start)
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-                if isinstance(exc, aiohttp.ServerTimeoutError) and not isinstance(
-                    exc, aiohttp.ConnectionTimeoutError
-                ):
-                    raise DeadlineExceeded(f"backend {state.name} did not answer") from None
+                reply = await self._transport.send(
+                    Request("GET", state.url + path, headers={"X-Request-Id": request_id}),
+                    timeout_s=self._settings.read_timeout_s)
+            except ConnectError:
                 continue
-            except TimeoutError:
+            except (ReadTimeout, TimeoutError):
                 raise DeadlineExceeded(f"backend {state.name} did not answer") from None
-            except aiohttp.ClientError as exc:
-                raise BadGateway(f"backend {state.name} failed: {type(exc).__name__}") from None
+            except TransportError as exc:
+                raise BadGateway(f"backend {state.name} failed: {exc}") from None
+            return RawResult(reply.status, reply.body, reply.headers, state.name,
+                             state.spec.zone, self._clock() - start)
         if not tried:
             self._shed("no_backend")
             raise Overloaded("no backend available", reason="no_backend")
@@ -212,8 +201,8 @@ class Upstream:
                     break
                 self._shed("no_backend")
                 raise Overloaded("no backend available", reason="no_backend")
-            if attempt and last is not None and self._metrics is not None:
-                self._metrics.retries.labels(last.reason).inc()
+            if attempt and last is not None:
+                self._observer.retry(last.reason)
             try:
                 return await self._call(admitted, tried, path, body, request_id, deadline, decode)
             except Retryable as exc:
@@ -274,8 +263,7 @@ class Upstream:
                 return None
             tried.append(second)
             slots.append(hedge_slot)
-            if self._metrics is not None:
-                self._metrics.hedges.inc()
+            self._observer.hedge()
             return self._attempt(second, hedge_slot, path, body, request_id, deadline, decode)
 
         try:
@@ -305,12 +293,12 @@ class Upstream:
             }
             scope = asyncio.timeout(left)
             try:
-                async with scope, self._session.post(
-                    state.url + path, data=body, headers=headers, timeout=self._timeout
-                ) as resp:
-                    raw = await resp.read()
-                    reply = _Reply(resp.status, raw, resp.headers, state, self._clock() - start)
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                async with scope:
+                    sent = await self._transport.send(
+                        Request("POST", state.url + path, body, headers),
+                        timeout_s=self._settings.read_timeout_s)
+                reply = _Reply(sent.status, sent.body, sent.headers, state, self._clock() - start)
+            except (TransportError, TimeoutError) as exc:
                 outcome = classify_exception(exc, deadline_passed=scope.expired())
                 raise exception_error(state.name, outcome, exc) from None
             outcome, error = status_outcome(reply.status, reply.headers, reply.body, state.name)
@@ -329,22 +317,18 @@ class Upstream:
             latency = self._clock() - start
             self._router.on_finish(state, latency_s=latency, outcome=outcome)
             slot.release()
-            if self._metrics is not None:
-                self._metrics.upstream_duration.labels(
-                    state.name, state.spec.zone, outcome).observe(latency)
-                self._metrics.backend_requests.labels(state.name, state.spec.zone, outcome).inc()
+            self._observer.upstream_call(state.name, state.spec.zone, outcome, latency)
 
     def _decode_embeddings(self, model: str, n: int, reply: _Reply) -> InferResult:
         state = reply.state
         answer = parse_embeddings(reply.body, reply.headers, n, state.name)
-        if self._metrics is not None:
-            self._metrics.upstream_queue.labels(state.name).observe(answer.queue_ms / 1000.0)
-            self._metrics.upstream_compute.labels(state.name).observe(answer.compute_ms / 1000.0)
+        self._router.set_model_width(model, answer.vectors.shape[1])
+        self._observer.upstream_timing(state.name, answer.queue_ms / 1000.0,
+                                       answer.compute_ms / 1000.0)
         version = (answer.model_version or state.model_versions.get(model)
                    or self._router.model_version(model) or "")
         return InferResult(answer.vectors, state.name, state.spec.zone, answer.queue_ms,
                            answer.compute_ms, reply.latency_s, version, answer.token_counts)
 
     def _shed(self, reason: str) -> None:
-        if self._metrics is not None:
-            self._metrics.child(self._metrics.shed, reason).inc()
+        self._observer.shed(reason)

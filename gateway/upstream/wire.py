@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import numpy as np
 import orjson
 
 from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, Overloaded
 from gateway.routing.balancer import Outcome
+from gateway.upstream.transport import ConnectError, ReadTimeout
 
 
 class Retryable(Exception):
@@ -187,11 +187,9 @@ def classify_exception(exc: BaseException, *, deadline_passed: bool) -> Outcome:
     """How a transport failure counts for the router."""
     if deadline_passed:
         return "cancelled"  # the client's deadline, not the backend's fault
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return "conn_error"
-    if isinstance(exc, TimeoutError):  # aiohttp's total (read) timeout
+    if isinstance(exc, ReadTimeout | TimeoutError):
         return "timeout"
-    if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError):
+    if isinstance(exc, ConnectError):
         return "conn_error"
     return "error"
 

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 
 import orjson
 
+from gateway.adapters.vectors import vector
 from gateway.cache.entry import Entry
 from gateway.keys import CacheKey
-from gateway.pipeline import ItemResult
+from gateway.pipeline import Outcome
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
@@ -31,20 +32,20 @@ class FragmentCache:
     def __len__(self) -> int:
         return len(self._items)
 
-    def fragment(self, item: ItemResult) -> bytes:
+    def fragment(self, item: Outcome) -> bytes:
         if item.entry is None or item.key is None:
-            return orjson.dumps(item.vector, option=_NUMPY)
+            return orjson.dumps(vector(item), option=_NUMPY)
         found = self._items.get(item.key)
         if found is not None and found[0] is item.entry:
             self._items.move_to_end(item.key)
             return found[1]
-        rendered = orjson.dumps(item.vector, option=_NUMPY)
+        rendered = orjson.dumps(vector(item), option=_NUMPY)
         self._items[item.key] = (item.entry, rendered)
         if len(self._items) > self.max_entries:
             self._items.popitem(last=False)
         return rendered
 
-    def embeddings_body(self, items: Sequence[ItemResult], model: str, tokens: int) -> bytes:
+    def embeddings_body(self, items: Sequence[Outcome], model: str, tokens: int) -> bytes:
         """The OpenAI ``/v1/embeddings`` float answer, assembled from fragments."""
         rows = b",".join(
             b'{"object":"embedding","index":%d,"embedding":%s}' % (i, self.fragment(item))

@@ -1,0 +1,182 @@
+"""``/v2/models/{name}[/versions/{v}]/infer`` (Open Inference Protocol v2): one item per request.
+
+The canonical form of a request drops ``id`` and orders every object's keys (so ``parameters`` in
+any order hash alike); BYTES inputs are normalised and scanned by the policy exactly like the
+OpenAI-style routes, and what reaches the backend is the normalised (or redacted) text. The stored
+answer never holds the request id; it is put back on the way out.
+
+Answers are JSON: requests for binary outputs (Triton's ``binary_data_output`` and per-output
+``binary_data``) are stripped before the key and the backend call, so the gateway caches and
+returns JSON, which clients asking for binary data (tritonclient) read too, and such requests
+share cache entries with plain ones.
+
+Client data is never walked recursively: a tensor's ``data`` may nest at most as deep as its
+shape has dimensions (flat data is always accepted), checked with an explicit stack.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.context import RequestContext
+from gateway.errors import BackendRejected, BadGateway, ValidationFailed
+from gateway.pipeline import Fetched, FetchResult, Groups, Item, Result
+from gateway.policy import Decision
+from gateway.upstream import Upstream
+
+MAX_TENSOR_ELEMENTS = 4096
+"""A hard cap against huge flattened tensors; the policy's ``max_items`` is the real limit."""
+MAX_SHAPE_DIMS = 8
+_TENSOR_KEYS = {"name", "datatype", "shape", "data", "parameters"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OipCall:
+    """A validated OIP infer request with its BYTES texts pulled out (row-major order)."""
+
+    model: str
+    body: dict[str, Any]
+    texts: tuple[str, ...]
+
+    def groups(self) -> Groups:
+        return (("inputs", self.texts),)
+
+    def outgoing(self, decision: Decision) -> dict[str, Any]:
+        """The request as the backend gets it: the policy's texts, no id, JSON answers."""
+        it = iter(item.text for item in decision.items)
+        inputs = [{**t, "data": [next(it) for _ in range(math.prod(t["shape"]))]}
+                  for t in self.body["inputs"]]
+        out = {k: v for k, v in self.body.items() if k != "id"}
+        out["inputs"] = inputs
+        out = _without_parameter(out, "binary_data_output")  # the gateway answers JSON
+        if isinstance(out.get("outputs"), list):
+            out["outputs"] = [_without_parameter(o, "binary_data") for o in out["outputs"]]
+        return out
+
+    def items(self, decision: Decision) -> list[Item]:
+        canonical = orjson.dumps(self.outgoing(decision), option=orjson.OPT_SORT_KEYS)
+        return [Item(canonical, all(item.store for item in decision.items))]
+
+    async def fetch(self, upstream: Upstream, ctx: RequestContext, decision: Decision,
+                    indexes: Sequence[int]) -> FetchResult:
+        raw = await upstream.infer_raw(self.model, orjson.dumps(self.outgoing(decision)),
+                                       request_id=ctx.request_id, deadline=ctx.deadline)
+        try:
+            answer = orjson.loads(raw.body)
+        except orjson.JSONDecodeError:
+            raise BadGateway(f"backend {raw.backend} answered with invalid JSON") from None
+        if 400 <= raw.status < 500:
+            message = answer.get("error") if isinstance(answer, dict) else None
+            raise BackendRejected.for_status(raw.status, str(message or "no message")[:200])
+        if raw.status != 200:
+            raise BadGateway(f"backend {raw.backend} answered {raw.status}")
+        if not isinstance(answer, dict) or not isinstance(answer.get("outputs"), list):
+            raise BadGateway(f"backend {raw.backend} answered without outputs")
+        answer.pop("id", None)
+        timing = raw.timing_ms
+        compute_ms = timing.get("compute", 0.0)
+        return FetchResult([Fetched(orjson.dumps(answer), b"", compute_ms)],
+                           timing.get("queue", 0.0), compute_ms)
+
+    def render(self, result: Result) -> bytes:
+        body = result.outcomes[0].value
+        rid = self.body.get("id")
+        if rid is None:
+            return body
+        answer = orjson.loads(body)
+        answer["id"] = rid
+        return orjson.dumps(answer)
+
+
+def _without_parameter(obj: dict[str, Any], name: str) -> dict[str, Any]:
+    """``obj`` without ``parameters[name]`` (and without ``parameters`` if that empties it)."""
+    params = obj.get("parameters")
+    if not isinstance(params, dict) or name not in params:
+        return obj
+    rest = {k: v for k, v in params.items() if k != name}
+    trimmed = {k: v for k, v in obj.items() if k != "parameters"}
+    if rest:
+        trimmed["parameters"] = rest
+    return trimmed
+
+
+def flatten(data: Any, max_depth: int, where: str) -> list[Any]:
+    """Row-major elements of (possibly nested) tensor data, iteratively, nesting bounded."""
+    if not isinstance(data, list):
+        return [data]
+    out: list[Any] = []
+    stack: list[tuple[list[Any], int, int]] = [(data, 0, 1)]  # list, next index, depth
+    while stack:
+        items, i, depth = stack.pop()
+        while i < len(items):
+            item = items[i]
+            i += 1
+            if isinstance(item, list):
+                if depth >= max_depth:
+                    raise ValidationFailed(where, f"nests deeper than its shape's {max_depth} "
+                                                  "dimensions")
+                stack.append((items, i, depth))
+                items, i, depth = item, 0, depth + 1
+            else:
+                out.append(item)
+                if len(out) > MAX_TENSOR_ELEMENTS:
+                    raise ValidationFailed(where, f"more than {MAX_TENSOR_ELEMENTS} elements")
+    return out
+
+
+def parse_oip(data: dict[str, Any], model: str) -> OipCall:
+    """Check the request against the OIP v2 schema for a text (BYTES) model."""
+    unknown = set(data) - {"id", "inputs", "outputs", "parameters"}
+    if unknown:
+        raise ValidationFailed(sorted(unknown)[0], "unknown field in an OIP infer request")
+    if "id" in data and not isinstance(data["id"], str):
+        raise ValidationFailed("id", "must be a string")
+    if "parameters" in data and not isinstance(data["parameters"], dict):
+        raise ValidationFailed("parameters", "must be an object")
+    outputs = data.get("outputs")
+    if outputs is not None and (not isinstance(outputs, list) or not all(
+            isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs)):
+        raise ValidationFailed("outputs", "must be a list of objects with a string name")
+    inputs = data.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise ValidationFailed("inputs", "must be a non-empty list of tensors")
+    texts: list[str] = []
+    for i, tensor in enumerate(inputs):
+        where = f"inputs[{i}]"
+        if not isinstance(tensor, dict):
+            raise ValidationFailed(where, "must be an object")
+        extra = set(tensor) - _TENSOR_KEYS
+        if extra:
+            raise ValidationFailed(f"{where}.{sorted(extra)[0]}", "unknown tensor field")
+        if not isinstance(tensor.get("name"), str) or not tensor["name"]:
+            raise ValidationFailed(f"{where}.name", "is required (a string)")
+        if tensor.get("datatype") != "BYTES":
+            raise ValidationFailed(f"{where}.datatype",
+                                   "must be BYTES: the gateway serves text models")
+        shape = tensor.get("shape")
+        if (not isinstance(shape, list) or not 0 < len(shape) <= MAX_SHAPE_DIMS or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise ValidationFailed(f"{where}.shape", f"must be a list of 1 to {MAX_SHAPE_DIMS} "
+                                                     "non-negative integers")
+        if "data" not in tensor:
+            raise ValidationFailed(f"{where}.data", "is required")
+        if "parameters" in tensor and not isinstance(tensor["parameters"], dict):
+            raise ValidationFailed(f"{where}.parameters", "must be an object")
+        flat = flatten(tensor["data"], len(shape), f"{where}.data")
+        size = math.prod(shape)
+        if len(flat) != size:
+            raise ValidationFailed(f"{where}.data", f"has {len(flat)} elements but shape {shape} "
+                                                    f"needs {size}")
+        for j, item in enumerate(flat):
+            if not isinstance(item, str):
+                raise ValidationFailed(f"{where}.data[{j}]", "BYTES elements must be strings")
+        texts.extend(flat)
+        if len(texts) > MAX_TENSOR_ELEMENTS:
+            raise ValidationFailed(where, f"more than {MAX_TENSOR_ELEMENTS} elements in one "
+                                          "request")
+    return OipCall(model=model, body=data, texts=tuple(texts))

@@ -1,0 +1,161 @@
+"""What the request path reports, through one interface: ``Observer``.
+
+The pipeline, the upstream client and the cache tiers call an ``Observer``; they never hold an
+optional metrics object and never check it for ``None``. ``NullObserver`` does nothing (unit
+tests, benches); ``MetricsObserver`` turns each event into Prometheus samples with pre-resolved
+label children (``labels()`` per call costs a lock and a dict walk, more than a cache lookup).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gateway.errors import PolicyRejected
+    from gateway.metrics import GatewayMetrics
+    from gateway.policy import Decision
+
+
+class Observer(Protocol):
+    """Events of the request path (all cheap, all synchronous, none may raise)."""
+
+    def items_answered(self, model: str, tenant: str, statuses: Sequence[str]) -> None:
+        """Items of one request, by final cache status (HIT, MISS, STALE, ...)."""
+
+    def compute_saved(self, model: str, seconds: float) -> None:
+        """Backend compute time that cache answers avoided."""
+
+    def coalesced(self, items: int) -> None:
+        """Items that joined an identical in-flight backend call."""
+
+    def shed(self, reason: str) -> None:
+        """A request refused with 503/504 before or instead of a backend call."""
+
+    def policy_decided(self, decision: Decision) -> None:
+        """A policy decision (and the detectors that fired)."""
+
+    def policy_rejected(self, error: PolicyRejected) -> None:
+        """A request a ``reject`` detector refused."""
+
+    def cache_lookups(self, tier: str, result: str, items: int) -> None:
+        """Per-item lookups in one tier: result is hit, stale, miss or error."""
+
+    def cache_stored(self, tier: str, items: int) -> None:
+        """Entries written to one tier."""
+
+    def upstream_batch(self, items: int) -> None:
+        """Items in one backend call."""
+
+    def upstream_call(self, backend: str, zone: str, outcome: str, seconds: float) -> None:
+        """One backend call (an attempt) ended."""
+
+    def upstream_timing(self, backend: str, queue_s: float, compute_s: float) -> None:
+        """The queue and compute time a backend reported for a call."""
+
+    def retry(self, reason: str) -> None:
+        """A call retried on another backend."""
+
+    def hedge(self) -> None:
+        """A hedged second copy sent."""
+
+
+class NullObserver:
+    """Observes nothing."""
+
+    def items_answered(self, model: str, tenant: str, statuses: Sequence[str]) -> None:
+        pass
+
+    def compute_saved(self, model: str, seconds: float) -> None:
+        pass
+
+    def coalesced(self, items: int) -> None:
+        pass
+
+    def shed(self, reason: str) -> None:
+        pass
+
+    def policy_decided(self, decision: Decision) -> None:
+        pass
+
+    def policy_rejected(self, error: PolicyRejected) -> None:
+        pass
+
+    def cache_lookups(self, tier: str, result: str, items: int) -> None:
+        pass
+
+    def cache_stored(self, tier: str, items: int) -> None:
+        pass
+
+    def upstream_batch(self, items: int) -> None:
+        pass
+
+    def upstream_call(self, backend: str, zone: str, outcome: str, seconds: float) -> None:
+        pass
+
+    def upstream_timing(self, backend: str, queue_s: float, compute_s: float) -> None:
+        pass
+
+    def retry(self, reason: str) -> None:
+        pass
+
+    def hedge(self) -> None:
+        pass
+
+
+class MetricsObserver:
+    """Observer over ``GatewayMetrics`` (Prometheus)."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+
+    def items_answered(self, model: str, tenant: str, statuses: Sequence[str]) -> None:
+        m = self.metrics
+        for status in statuses:
+            m.child(m.cache_items, model, tenant, status.lower()).inc()
+
+    def compute_saved(self, model: str, seconds: float) -> None:
+        self.metrics.child(self.metrics.compute_saved, model).inc(seconds)
+
+    def coalesced(self, items: int) -> None:
+        self.metrics.coalesced.inc(items)
+
+    def shed(self, reason: str) -> None:
+        self.metrics.child(self.metrics.shed, reason).inc()
+
+    def policy_decided(self, decision: Decision) -> None:
+        from gateway.policy.store import record_decision
+
+        record_decision(self.metrics, decision)
+
+    def policy_rejected(self, error: PolicyRejected) -> None:
+        from gateway.policy.store import record_rejection
+
+        record_rejection(self.metrics, error)
+
+    def cache_lookups(self, tier: str, result: str, items: int) -> None:
+        if items:
+            self.metrics.child(self.metrics.cache_lookups, tier, result).inc(items)
+
+    def cache_stored(self, tier: str, items: int) -> None:
+        if items:
+            self.metrics.child(self.metrics.cache_stores, tier).inc(items)
+
+    def upstream_batch(self, items: int) -> None:
+        self.metrics.upstream_batch.observe(items)
+
+    def upstream_call(self, backend: str, zone: str, outcome: str, seconds: float) -> None:
+        m = self.metrics
+        m.child(m.upstream_duration, backend, zone, outcome).observe(seconds)
+        m.child(m.backend_requests, backend, zone, outcome).inc()
+
+    def upstream_timing(self, backend: str, queue_s: float, compute_s: float) -> None:
+        m = self.metrics
+        m.child(m.upstream_queue, backend).observe(queue_s)
+        m.child(m.upstream_compute, backend).observe(compute_s)
+
+    def retry(self, reason: str) -> None:
+        self.metrics.child(self.metrics.retries, reason).inc()
+
+    def hedge(self) -> None:
+        self.metrics.hedges.inc()

@@ -1,0 +1,119 @@
+"""The transport seam: how the upstream client moves bytes to a backend and back.
+
+One small interface, as httpx has it: ``Transport.send`` (one request, one complete answer) and
+``close``. ``AiohttpTransport`` is production (one pooled keep-alive ``ClientSession``);
+``MemoryTransport`` answers from a Python function, so routing, failover, retries and the
+pipeline are tested without sockets or subprocesses.
+
+aiohttp's exceptions stop here; the client only ever sees this tree::
+
+    TransportError          the exchange failed in some other way
+    ├── ConnectError        refused, reset or dropped before a complete answer; connect timeout
+    └── ReadTimeout         connected, but no complete answer within the read timeout
+
+Cancellation (the caller's deadline) passes through untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
+
+
+class TransportError(Exception):
+    """A request to a backend produced no usable answer."""
+
+
+class ConnectError(TransportError):
+    """No complete answer: the connection was refused, reset or timed out while connecting."""
+
+
+class ReadTimeout(TransportError):
+    """Connected, but the answer did not arrive within the read timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request as a transport sees it."""
+
+    method: str
+    url: str
+    body: bytes | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A complete answer: status, body and headers (case-insensitive)."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str]
+
+
+class Transport:
+    """The interface (see the module docstring); subclasses implement ``send``."""
+
+    async def send(self, request: Request, *, timeout_s: float) -> Reply:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Release connections; the transport is unusable afterwards."""
+
+
+class AiohttpTransport(Transport):
+    """Production: one pooled keep-alive session for all backend traffic."""
+
+    def __init__(self, session: aiohttp.ClientSession, *, connect_timeout_s: float) -> None:
+        self.session = session
+        self._connect_timeout_s = connect_timeout_s
+
+    @classmethod
+    def create(cls, *, pool_size: int, connect_timeout_s: float) -> AiohttpTransport:
+        """The gateway's one session (call inside the running event loop)."""
+        connector = aiohttp.TCPConnector(limit=pool_size, limit_per_host=pool_size,
+                                         keepalive_timeout=60.0, ttl_dns_cache=300)
+        session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
+        )
+        return cls(session, connect_timeout_s=connect_timeout_s)
+
+    async def send(self, request: Request, *, timeout_s: float) -> Reply:
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
+        try:
+            async with self.session.request(request.method, request.url, data=request.body,
+                                            headers=request.headers, timeout=timeout) as resp:
+                return Reply(resp.status, await resp.read(), resp.headers)
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise ConnectError(f"connect timeout: {type(exc).__name__}") from None
+        except TimeoutError as exc:  # aiohttp's total/read timeouts
+            raise ReadTimeout(type(exc).__name__) from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise ConnectError(type(exc).__name__) from None
+        except aiohttp.ClientError as exc:
+            raise TransportError(type(exc).__name__) from None
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+Handler = Callable[[Request], Awaitable[Reply]]
+
+
+class MemoryTransport(Transport):
+    """Answers every request with ``handler`` (which may raise ``TransportError``s); records
+    what was sent in ``requests``."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.requests: list[Request] = []
+
+    async def send(self, request: Request, *, timeout_s: float) -> Reply:
+        self.requests.append(request)
+        reply = await self.handler(request)
+        headers = CIMultiDictProxy(CIMultiDict(reply.headers))
+        return Reply(reply.status, reply.body, headers)
