@@ -2,9 +2,12 @@
 
 ``check FILE...`` loads each file (a folder is checked as the set it would load as) and prints
 ``file:line: field: message`` for every problem (exit 1) or one ``OK`` line per file (exit 0),
-plus warnings for rules that can never match. ``explain`` evaluates one request body the way the
-gateway would and prints the decision as JSON: matched rule, detectors fired (names only, never
-the text), cacheable or not, scope, TTL and stale windows, and which items would not be stored.
+plus warnings for rules after a catch-all. Routes, models and headers that no request can carry
+are errors; models are checked against the gateway's default ``models`` and ``model_aliases``, or
+the list given with ``--models a,b``. ``explain`` evaluates one request body the way the gateway
+would (aliases resolved, an OIP path matched as its route pattern) and prints the decision as
+JSON: matched rule, detectors fired (names only, never the text), cacheable or not, scope, TTL
+and stale windows, and which items would not be stored.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import orjson
 from gateway.errors import ValidationFailed
 from gateway.policy.evaluate import evaluate_groups
 from gateway.policy.loader import PolicyError, default_policy, lint, load_policy
+from gateway.policy.targets import OIP_INFER, KnownModels
+from gateway.settings import Settings
 from gateway.tenants import PUBLIC
 
 Groups = list[tuple[str, list[str]]]
@@ -30,13 +35,25 @@ class RequestError(ValueError):
     """The request body given to ``explain`` is not one the route accepts."""
 
 
-def check(files: Sequence[Path], *, out: IO[str] | None = None) -> int:
-    """Lint policy files; 0 when all are valid, 1 otherwise. Messages go to ``out`` (stdout)."""
+def gateway_models() -> KnownModels:
+    """The models (and aliases) a gateway serves with its default settings."""
+    defaults = Settings()
+    return KnownModels(names=tuple(defaults.models), aliases=dict(defaults.model_aliases))
+
+
+def check(
+    files: Sequence[Path], *, models: KnownModels | None = None, out: IO[str] | None = None
+) -> int:
+    """Lint policy files; 0 when all are valid, 1 otherwise. Messages go to ``out`` (stdout).
+
+    ``models``: the models rules may name; default: the gateway's default models and aliases.
+    """
     out = out if out is not None else sys.stdout
+    models = models if models is not None else gateway_models()
     status = 0
     for path in files:
         try:
-            policy = load_policy([path])
+            policy = load_policy([path], models=models)
         except PolicyError as exc:
             for issue in exc.errors:
                 print(issue, file=out)
@@ -91,6 +108,11 @@ def _model_of(route: str, body: Mapping[str, Any]) -> str:
     return model
 
 
+def _route_pattern(route: str) -> str:
+    """The route as rules see it: an OIP inference path becomes its pattern."""
+    return "/v2/models/{name}/infer" if OIP_INFER.match(route) else route
+
+
 def explain(
     policy_paths: Sequence[Path],
     *,
@@ -112,8 +134,9 @@ def explain(
         raise RequestError(f"body: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise RequestError("body: expected a JSON object")
-    model = model or _model_of(route, data)
+    model = gateway_models().resolve(model or _model_of(route, data))
     groups = texts_of(route, data)
+    route = _route_pattern(route)
     lowered = {k.lower(): v for k, v in (headers or {}).items()}
     decision = evaluate_groups(policy, route=route, model=model, tenant=tenant, headers=lowered,
                                groups=groups)
@@ -142,8 +165,15 @@ def _parse_headers(values: Sequence[str]) -> dict[str, str]:
     return headers
 
 
+def _models_arg(value: str) -> KnownModels:
+    try:
+        return KnownModels(names=tuple(m.strip() for m in value.split(",")))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _check_command(args: argparse.Namespace) -> int:
-    return check(args.files)
+    return check(args.files, models=args.models)
 
 
 def _explain_command(args: argparse.Namespace) -> int:
@@ -171,6 +201,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     lint_cmd = commands.add_parser("check", help="validate policy files (exit 1 on any error)")
     lint_cmd.add_argument("files", nargs="+", type=Path, metavar="FILE",
                           help="policy file, or a folder checked as one set")
+    lint_cmd.add_argument("--models", type=_models_arg, default=None, metavar="A,B",
+                          help="the model names the gateway serves (default: its default "
+                               "models and aliases)")
     lint_cmd.set_defaults(func=_check_command)
     exp = commands.add_parser("explain", help="print the decision for one request as JSON")
     exp.add_argument("--policy", action="append", type=Path, default=[], metavar="FILE",

@@ -6,9 +6,11 @@ values as ``policies/default.yaml``: cache on, tenant scope, 1 h, every detector
 so a file that forgets privacy still protects it. A rule's ``normalization`` and
 ``privacy.detectors`` add to the defaults key by key; ``off`` switches a detector off.
 
-Several files (or a folder's ``*.yaml``, by name) concatenate their rules in order. Any error in
-any file refuses the whole set: ``PolicyError`` lists every problem as
-``file:line: field: message``.
+Several files (or a folder's ``*.yaml``, by name; subfolders such as ``examples/`` are never
+read) concatenate their rules in order. Beyond the schema, a ``match`` that no request can meet
+is an error (``targets``: an unknown route, an unknown model when the served models are given,
+header conditions HTTP cannot carry). Any error in any file refuses the whole set:
+``PolicyError`` lists every problem as ``file:line: field: message``.
 The effective version is the label plus a hash of the rules' meaning (comments do not change it).
 """
 
@@ -25,7 +27,8 @@ from jsonschema import Draft202012Validator
 
 from gateway.policy.model import DETECTOR_NAMES, Match, Normalization, Policy, Privacy, Rule
 from gateway.policy.schema import SCHEMA
-from gateway.policy.yamlpos import describe, parse
+from gateway.policy.targets import KnownModels, match_problems
+from gateway.policy.yamlpos import Located, describe, field_path, parse
 
 BASE: dict[str, Any] = {
     "cache": True, "scope": "tenant", "ttl_s": 3600.0, "stale_while_revalidate_s": 0.0,
@@ -72,13 +75,18 @@ def parse_duration(value: float | str) -> float:
 
 
 def policy_files(paths: Iterable[Path]) -> list[Path]:
-    """The files a list of paths names: folders contribute their ``*.yaml``/``*.yml`` by name."""
+    """The files a list of paths names: folders contribute their ``*.yaml``/``*.yml`` by name.
+
+    Only files directly in a folder count, never its subfolders: ``policies/examples/`` sits
+    beside the active ``policies/default.yaml`` without becoming part of it.
+    """
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
             files.extend(sorted(
                 (p for p in path.iterdir()
-                 if p.suffix in (".yaml", ".yml") and not p.name.startswith(".")),
+                 if p.suffix in (".yaml", ".yml") and not p.name.startswith(".")
+                 and p.is_file()),
                 key=lambda p: p.name,
             ))
         else:
@@ -137,7 +145,16 @@ class _File:
     rules: list[tuple[Rule, int, int | None]]  # rule, its index, the line of its name
 
 
-def _load_file(path: Path, issues: list[PolicyIssue]) -> _File | None:
+def _match_issues(name: str, doc: Located, index: int, raw: Mapping[str, Any],
+                  models: KnownModels | None) -> list[PolicyIssue]:
+    issues = []
+    for sub, key, message in match_problems(raw.get("match") or {}, models):
+        path = ["rules", index, "match", *sub]
+        issues.append(PolicyIssue(name, doc.line(path, key=key), field_path(path), message))
+    return issues
+
+
+def _load_file(path: Path, issues: list[PolicyIssue], models: KnownModels | None) -> _File | None:
     name = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -158,6 +175,7 @@ def _load_file(path: Path, issues: list[PolicyIssue]) -> _File | None:
     rules: list[tuple[Rule, int, int | None]] = []
     for index, raw in enumerate(data["rules"]):
         line = doc.line(["rules", index])
+        issues.extend(_match_issues(name, doc, index, raw, models))
         try:
             rule = _rule(raw, _merge(base, raw), f"{name}:{line}")
         except ValueError as exc:
@@ -188,8 +206,12 @@ def _version(labels: Sequence[str], rules: Sequence[Rule]) -> str:
     return f"{label}+{policy_hash(rules)}" if label else policy_hash(rules)
 
 
-def load_policy(paths: Sequence[Path]) -> Policy:
-    """Load, validate and combine policy files (or folders of them); ``PolicyError`` if invalid."""
+def load_policy(paths: Sequence[Path], *, models: KnownModels | None = None) -> Policy:
+    """Load, validate and combine policy files (or folders of them); ``PolicyError`` if invalid.
+
+    ``models``: the models the gateway serves; a rule naming another one is an error. ``None``
+    leaves model names unchecked.
+    """
     issues: list[PolicyIssue] = []
     files = policy_files(paths)
     if not files:
@@ -199,7 +221,7 @@ def load_policy(paths: Sequence[Path]) -> Policy:
     labels: list[str] = []
     first_seen: dict[str, str] = {}
     for path in files:
-        loaded = _load_file(path, issues)
+        loaded = _load_file(path, issues, models)
         if loaded is None:
             continue
         if loaded.label:

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from gateway.policy.model import DETECTOR_NAMES
+from gateway.policy.targets import CACHED_ROUTES, HIDDEN_HEADERS
 
 DURATION_PATTERN = r"^\s*([0-9]+(\.[0-9]+)?\s*(ms|s|m|h|d)\s*)+$"
 
@@ -94,13 +95,18 @@ SCHEMA: dict[str, Any] = {
             "additionalProperties": False,
             "description": "All listed conditions must hold; an empty match matches everything.",
             "properties": {
-                "routes": {"$ref": "#/$defs/names"},
-                "models": {"$ref": "#/$defs/names"},
+                "routes": {"$ref": "#/$defs/names",
+                           "description": f"cached routes ({', '.join(CACHED_ROUTES)}) or "
+                                          "globs that match one"},
+                "models": {"$ref": "#/$defs/names",
+                           "description": "served model names (aliases are resolved before "
+                                          "rules match) or globs that match one"},
                 "tenants": {"$ref": "#/$defs/names"},
                 "headers": {
                     "type": "object",
                     "additionalProperties": {"type": ["string", "integer"]},
-                    "description": "header name -> exact value or glob",
+                    "description": "header name -> exact value or glob (no operators); "
+                                   f"never {', '.join(sorted(HIDDEN_HEADERS))}",
                 },
             },
         },

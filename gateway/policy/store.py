@@ -23,6 +23,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.evaluate import Decision
 from gateway.policy.loader import PolicyError, default_policy, load_policy, policy_files
 from gateway.policy.model import Policy
+from gateway.policy.targets import KnownModels
 
 log = logging.getLogger("gateway.policy")
 
@@ -80,7 +81,9 @@ class PolicyStore:
         metrics: GatewayMetrics | None,
         shadow_paths: Sequence[Path] | None = None,
         poll_interval_s: float = 1.0,
+        models: KnownModels | None = None,
     ) -> None:
+        self._models = models  # served models: a rule naming another is refused (None: unchecked)
         self._paths = tuple(Path(p) for p in paths)
         self._shadow_paths = tuple(Path(p) for p in shadow_paths or ())
         self._metrics = metrics
@@ -102,8 +105,9 @@ class PolicyStore:
         return self._shadow
 
     def _load(self) -> tuple[Policy, Policy | None]:
-        active = load_policy(self._paths) if self._paths else default_policy()
-        shadow = load_policy(self._shadow_paths) if self._shadow_paths else None
+        models = self._models
+        active = load_policy(self._paths, models=models) if self._paths else default_policy()
+        shadow = load_policy(self._shadow_paths, models=models) if self._shadow_paths else None
         return active, shadow
 
     def _stat(self) -> _Snapshot:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from gateway.policy import PolicyError
 from gateway.policy.cli import RequestError, check, explain, register, texts_of
 
 REPO = Path(__file__).resolve().parents[3]
-STRICT = REPO / "policies" / "strict.yaml"
+STRICT = REPO / "policies" / "examples" / "strict.yaml"
 
 
 def run(argv: list[str]) -> int:
@@ -54,10 +57,22 @@ def test_check_prints_warnings_but_passes(tmp_path: Path) -> None:
     assert "never: warning: unreachable" in out.getvalue()
 
 
-def test_check_a_folder_checks_it_as_one_set(capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_a_folder_checks_it_as_one_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # default.yaml and strict.yaml both name a rule "default": as a set they are refused.
-    assert run(["policy", "check", str(REPO / "policies")]) == 1
+    for source in (REPO / "policies" / "default.yaml", STRICT):
+        (tmp_path / source.name).write_text(source.read_text())
+    assert run(["policy", "check", str(tmp_path)]) == 1
     assert "duplicate rule name 'default'" in capsys.readouterr().out
+
+
+def test_check_the_shipped_policies_folder_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    # `--policies policies/` is the shipped default alone: examples/ is a subfolder, not read.
+    assert run(["policy", "check", str(REPO / "policies")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{REPO / 'policies'}: OK (1 rule, version default-1+")
+    assert "warning" not in out
 
 
 def test_explain_embeddings_list_with_pii() -> None:
@@ -143,3 +158,59 @@ def test_explain_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_errors_are_the_gateway_error_types() -> None:
     assert issubclass(PolicyRejected, ValidationFailed)
     assert issubclass(PolicyError, Exception)
+
+
+def test_check_refuses_a_misspelt_route(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("rules:\n  - name: e\n    match:\n      routes: [/v1/embedings]\n")
+    out = io.StringIO()
+    assert check([path], out=out) == 1
+    assert out.getvalue().startswith(
+        f"{path}:4: rules[0].match.routes[0]: unknown route '/v1/embedings' (did you mean "
+        "'/v1/embeddings'?)")
+
+
+def test_check_knows_the_gateway_models_and_takes_models_from_a_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("rules:\n  - name: m\n    match: {models: [minilm, bge-small]}\n")
+    assert run(["policy", "check", str(path)]) == 1
+    assert (f"{path}:3: rules[0].match.models[1]: unknown model 'bge-small'; known models: "
+            "minilm") in capsys.readouterr().out
+    assert run(["policy", "check", "--models", "minilm,bge-small", str(path)]) == 0
+    assert f"{path}: OK (1 rule" in capsys.readouterr().out
+    assert run(["policy", "check", "--models", "bge-small", str(path)]) == 1
+    assert "unknown model 'minilm'" in capsys.readouterr().out
+    alias = tmp_path / "alias.yaml"
+    alias.write_text("rules:\n  - name: m\n    match: {models: all-MiniLM-L6-v2}\n")
+    assert run(["policy", "check", str(alias)]) == 1
+    assert "is an alias of 'minilm'" in capsys.readouterr().out
+
+
+def test_explain_resolves_aliases_and_matches_oip_paths_by_their_pattern(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("rules:\n  - name: oip\n    match: {routes: '/v2/models/{name}/infer', "
+                    "models: minilm}\n  - name: alias\n    match: {models: minilm}\n")
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}
+    oip = explain([path], route="/v2/models/minilm/versions/1/infer",
+                  body=json.dumps(body).encode())
+    assert oip["rule"] == "oip" and oip["route"] == "/v2/models/{name}/infer"
+    aliased = explain([path], route="/v1/embeddings",
+                      body=b'{"model": "all-MiniLM-L6-v2", "input": "hi"}')
+    assert aliased["rule"] == "alias" and aliased["model"] == "minilm"
+
+
+def test_the_documented_explain_command_runs_on_the_shipped_example() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    [command] = [line.strip() for line in readme.splitlines()
+                 if line.strip().startswith("python -m gateway policy explain")
+                 and "policies/examples/request.json" in line]
+    argv = shlex.split(command)
+    done = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["rule"] == "default" and result["cacheable"] is True
+    assert result["fields"]["input"] == {"items": 2, "not_stored": [1], "detectors": ["email"]}
+    assert "jane@" not in done.stdout + done.stderr

@@ -15,7 +15,7 @@ from gateway.policy.loader import lint, parse_duration
 from gateway.policy.schema import SCHEMA, dumps
 
 REPO = Path(__file__).resolve().parents[3]
-SHIPPED = [REPO / "policies" / "default.yaml", REPO / "policies" / "strict.yaml"]
+SHIPPED = [REPO / "policies" / "default.yaml", REPO / "policies" / "examples" / "strict.yaml"]
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -59,7 +59,7 @@ def test_default_yaml_is_the_built_in_default() -> None:
 
 
 def test_strict_example_decides_as_documented() -> None:
-    policy = load_policy([REPO / "policies" / "strict.yaml"])
+    policy = load_policy([REPO / "policies" / "examples" / "strict.yaml"])
     args: dict[str, Any] = {"model": "minilm", "tenant": "acme", "headers": {}}
     assert policy.match(route="/v1/embeddings", **args).scope == "shared"
     assert policy.match(route="/v1/rank", **{**args, "tenant": "bank-eu"}).cache is False

@@ -17,6 +17,7 @@ from gateway.errors import PolicyRejected
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyError, default_policy, evaluate
 from gateway.policy.store import PolicyStore, differences, record_decision, record_rejection
+from gateway.policy.targets import KnownModels
 
 GOOD = "version: one\nrules:\n  - name: all\n    ttl: 1h\n"
 GOOD_TWO = "version: two\nrules:\n  - name: all\n    ttl: 2h\n"
@@ -174,3 +175,34 @@ def test_record_rejection(metrics: GatewayMetrics) -> None:
     record_rejection(metrics, PolicyRejected("input", "card", "strict"))
     assert sample(metrics, "gateway_policy_decisions_total", rule="strict", decision="reject") == 1
     assert sample(metrics, "gateway_pii_detections_total", detector="card", action="reject") == 1
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_the_shipped_policies_folder_starts_the_store_with_the_default(
+    metrics: GatewayMetrics,
+) -> None:
+    # `--policies policies/`: only default.yaml is read; examples/ is a subfolder.
+    store = PolicyStore([REPO / "policies"], metrics=metrics,
+                        models=KnownModels(names=("minilm",)))
+    assert store.active.rules == default_policy().rules
+    assert store.active.sources == (str(REPO / "policies" / "default.yaml"),)
+
+
+async def test_a_reload_with_a_rule_that_can_never_match_is_refused(
+    tmp_path: Path, metrics: GatewayMetrics
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("rules:\n  - name: e\n    match: {routes: /v1/embeddings, models: minilm}\n")
+    store = PolicyStore([path], metrics=metrics, models=KnownModels(names=("minilm",)))
+    good = store.active
+    for text in ("rules:\n  - name: e\n    match: {routes: [/v1/embedings]}\n",
+                 "rules:\n  - name: e\n    match: {models: [minilm-v2]}\n"):
+        rewrite(path, text)
+        with pytest.raises(PolicyError) as info:
+            await store.reload()
+        [issue] = info.value.errors
+        assert (issue.file, issue.line) == (str(path), 3)
+        assert store.active is good
+    assert sample(metrics, "gateway_policy_reloads_total", result="failure") == 2
