@@ -28,7 +28,7 @@ from types import TracebackType
 
 from gateway.adaptive import GradientLimit
 from gateway.errors import DeadlineExceeded, Overloaded
-from gateway.metrics import GatewayMetrics
+from gateway.observe import NullObserver, Observer
 from gateway.routing.config import RoutingSettings
 
 _ALPHA = 0.2  # weight of the newest service-time sample
@@ -96,13 +96,13 @@ class Admission:
         self,
         settings: RoutingSettings,
         *,
-        metrics: GatewayMetrics | None = None,
+        observer: Observer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._limit = settings.tier_concurrency
         self._queue_limit = settings.tier_queue
         self._adaptive = settings.adaptive
-        self._metrics = metrics
+        self._observer: Observer = observer or NullObserver()
         self.clock = clock
         self._tiers: dict[str, _TierQueue] = {}
 
@@ -257,16 +257,11 @@ class Admission:
                     self._gauges(tier, state)
 
     def _shed(self, reason: str) -> None:
-        if self._metrics is not None:
-            self._metrics.child(self._metrics.shed, reason).inc()
+        self._observer.shed(reason)
 
     def _gauges(self, tier: str, state: _TierQueue) -> None:
-        if self._metrics is not None:
-            self._metrics.child(self._metrics.queue_depth, tier).set(len(state.waiters))
-            self._metrics.child(self._metrics.inflight, tier).set(state.active)
+        self._observer.admission(tier, len(state.waiters), state.active)
 
     def _limit_gauge(self, tier: str, state: _TierQueue) -> None:
-        if self._metrics is not None:
-            self._metrics.child(self._metrics.concurrency_limit, tier).set(self._limit_of(state))
-            if state.adaptive is not None:
-                self._metrics.child(self._metrics.min_rtt, tier).set(state.adaptive.min_rtt_s)
+        min_rtt = state.adaptive.min_rtt_s if state.adaptive is not None else None
+        self._observer.concurrency_limit(tier, self._limit_of(state), min_rtt)

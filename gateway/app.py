@@ -93,6 +93,8 @@ def create_app(
     )
     app[state.SETTINGS] = settings
     app[state.METRICS] = metrics
+    observer = MetricsObserver(metrics)
+    app[state.OBSERVER] = observer
     app[state.TENANTS] = tenants if tenants is not None else (
         Tenants.load(Path(settings.tenants_file)) if settings.tenants_file else Tenants.public()
     )
@@ -104,10 +106,8 @@ def create_app(
     app[state.POLICIES] = policies
     rsettings = routing_settings(settings)
     specs = [BackendSpec(url=b.url, region=b.region, zone=b.zone) for b in settings.backends]
-    router = Router(specs, rsettings, metrics=metrics)
+    router = Router(specs, rsettings, observer=observer)
     app[state.ROUTER] = router
-    observer = MetricsObserver(metrics)
-    app[state.OBSERVER] = observer
     l1 = MemoryCache(max_entries=settings.l1_max_entries, max_bytes=settings.l1_max_bytes,
                      clock=clock)
     l2 = None
@@ -115,7 +115,7 @@ def create_app(
         l2 = RedisCache(RedisSettings(
             url=settings.redis_url, timeout_s=settings.redis_timeout_ms / 1000.0,
             key_prefix=settings.redis_key_prefix, cluster=settings.redis_cluster,
-        ), metrics=metrics)
+        ), observer=observer)
     cache = TieredCache(l1, l2, observer=observer)
     app[state.CACHE] = cache
     app[state.FRAGMENTS] = FragmentCache()
@@ -141,7 +141,6 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
         [web.Application], AsyncIterator[None]]:
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         settings = app[state.SETTINGS]
-        metrics = app[state.METRICS]
         router = app[state.ROUTER]
         rsettings = routing_settings(settings)
         transport = AiohttpTransport.create(pool_size=rsettings.pool_size,
@@ -149,7 +148,7 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
         policies = app[state.POLICIES]
         await policies.reload()
         await policies.start()
-        admission = Admission(rsettings, metrics=metrics)
+        admission = Admission(rsettings, observer=app[state.OBSERVER])
         upstream = Upstream(transport, router, admission, rsettings, observer=app[state.OBSERVER])
         app[state.UPSTREAM] = upstream
         health = HealthChecker(router, transport.session, rsettings)

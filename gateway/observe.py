@@ -59,6 +59,24 @@ class Observer(Protocol):
     def hedge(self) -> None:
         """A hedged second copy sent."""
 
+    def ejected(self, backend: str) -> None:
+        """A backend passively ejected after consecutive failures."""
+
+    def backend_health(self, backend: str, zone: str, healthy: bool) -> None:
+        """A backend's health (healthy and not ejected) as routing sees it now."""
+
+    def cache_errors(self, tier: str, items: int) -> None:
+        """Errors in one tier (down, slow, corrupt entries)."""
+
+    def circuit_open(self, is_open: bool) -> None:
+        """The Redis circuit breaker opened or closed."""
+
+    def admission(self, tier: str, waiting: int, inflight: int) -> None:
+        """A tier's queue depth and calls in flight, after a change."""
+
+    def concurrency_limit(self, tier: str, limit: int, min_rtt_s: float | None) -> None:
+        """A tier's concurrency limit (and the adaptive minRTT, when adaptive) moved."""
+
 
 class NullObserver:
     """Observes nothing."""
@@ -100,6 +118,24 @@ class NullObserver:
         pass
 
     def hedge(self) -> None:
+        pass
+
+    def ejected(self, backend: str) -> None:
+        pass
+
+    def backend_health(self, backend: str, zone: str, healthy: bool) -> None:
+        pass
+
+    def cache_errors(self, tier: str, items: int) -> None:
+        pass
+
+    def circuit_open(self, is_open: bool) -> None:
+        pass
+
+    def admission(self, tier: str, waiting: int, inflight: int) -> None:
+        pass
+
+    def concurrency_limit(self, tier: str, limit: int, min_rtt_s: float | None) -> None:
         pass
 
 
@@ -159,3 +195,27 @@ class MetricsObserver:
 
     def hedge(self) -> None:
         self.metrics.hedges.inc()
+
+    def ejected(self, backend: str) -> None:
+        self.metrics.child(self.metrics.ejections, backend).inc()
+
+    def backend_health(self, backend: str, zone: str, healthy: bool) -> None:
+        self.metrics.child(self.metrics.backend_healthy, backend, zone).set(1 if healthy else 0)
+
+    def cache_errors(self, tier: str, items: int) -> None:
+        if items:
+            self.metrics.child(self.metrics.cache_errors, tier).inc(items)
+
+    def circuit_open(self, is_open: bool) -> None:
+        self.metrics.redis_circuit_open.set(1 if is_open else 0)
+
+    def admission(self, tier: str, waiting: int, inflight: int) -> None:
+        m = self.metrics
+        m.child(m.queue_depth, tier).set(waiting)
+        m.child(m.inflight, tier).set(inflight)
+
+    def concurrency_limit(self, tier: str, limit: int, min_rtt_s: float | None) -> None:
+        m = self.metrics
+        m.child(m.concurrency_limit, tier).set(limit)
+        if min_rtt_s is not None:
+            m.child(m.min_rtt, tier).set(min_rtt_s)

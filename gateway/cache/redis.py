@@ -33,7 +33,7 @@ from gateway.cache.breaker import CircuitBreaker
 from gateway.cache.entry import CacheCorrupt, Entry
 from gateway.cache.settings import RedisSettings
 from gateway.keys import CacheKey, scope_tag
-from gateway.metrics import GatewayMetrics
+from gateway.observe import NullObserver, Observer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,19 +57,18 @@ class RedisCache:
         self,
         settings: RedisSettings,
         *,
-        metrics: GatewayMetrics | None = None,
+        observer: Observer | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self._clock = clock
-        self._metrics = metrics
+        self._observer: Observer = observer or NullObserver()
         self._deadline = settings.timeout_s + settings.connect_timeout_s
         self.breaker = CircuitBreaker(
             failure_threshold=settings.failure_threshold, open_s=settings.open_s,
             on_change=self._on_breaker_change,
         )
-        if metrics is not None:
-            metrics.redis_circuit_open.set(0)
+        self._observer.circuit_open(False)
         # One immediate retry, on connection errors only: after a Redis restart or failover
         # every pooled connection is dead, and the pool does not notice until it uses one
         # (verified with hiredis); without the retry each of them would count towards opening
@@ -102,8 +101,7 @@ class RedisCache:
                         self.breaker.failures, self.settings.open_s)
         else:
             log.info("redis circuit closed; L2 back in use")
-        if self._metrics is not None:
-            self._metrics.redis_circuit_open.set(1 if is_open else 0)
+        self._observer.circuit_open(is_open)
 
     def _key(self, key: CacheKey) -> str:
         return key.redis_key(self.settings.key_prefix)
@@ -130,8 +128,7 @@ class RedisCache:
         return result, True
 
     def _count_error(self) -> None:
-        if self._metrics is not None:
-            self._metrics.cache_errors.labels(tier="l2").inc()
+        self._observer.cache_errors("l2", 1)
 
     # -- lookups -----------------------------------------------------------------------------
 
@@ -167,8 +164,7 @@ class RedisCache:
             out.append(entry if entry.expires_at > now else None)
         if corrupt:
             log.warning("redis returned %d corrupt cache entries; treated as misses", corrupt)
-            if self._metrics is not None:
-                self._metrics.cache_errors.labels(tier="l2").inc(corrupt)
+            self._observer.cache_errors("l2", corrupt)
         return out, True
 
     async def get_many(self, keys: Sequence[CacheKey]) -> list[Entry | None]:

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Literal
 
-from gateway.metrics import GatewayMetrics
+from gateway.observe import NullObserver, Observer
 from gateway.routing.backends import BackendState
 from gateway.routing.config import BackendSpec, RoutingSettings
 
@@ -49,7 +49,7 @@ class Router:
         *,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
-        metrics: GatewayMetrics | None = None,
+        observer: Observer | None = None,
     ) -> None:
         if not specs:
             raise ValueError("backends: at least one backend is required")
@@ -60,7 +60,7 @@ class Router:
         self._settings = settings
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
-        self._metrics = metrics
+        self._observer: Observer = observer or NullObserver()
         self._states = [BackendState(spec) for spec in specs]
         self._tier: dict[BackendState, Tier] = {s: self._locality(s.spec) for s in self._states}
         self._tiers: list[tuple[Tier, list[BackendState]]] = [
@@ -190,8 +190,7 @@ class Router:
             "backend ejected",
             extra={"backend": state.name, "zone": state.spec.zone, "ejection_s": duration},
         )
-        if self._metrics is not None:
-            self._metrics.ejections.labels(state.name).inc()
+        self._observer.ejected(state.name)
         self._gauge(state, now)
         return True
 
@@ -251,7 +250,4 @@ class Router:
             self._gauge(state, now)
 
     def _gauge(self, state: BackendState, now: float) -> None:
-        if self._metrics is not None:
-            self._metrics.backend_healthy.labels(state.name, state.spec.zone).set(
-                1.0 if state.available(now) else 0.0
-            )
+        self._observer.backend_health(state.name, state.spec.zone, state.available(now))

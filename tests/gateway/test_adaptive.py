@@ -23,6 +23,7 @@ from gateway.admission import Admission
 from gateway.app import adaptive_settings
 from gateway.errors import Overloaded
 from gateway.metrics import GatewayMetrics
+from gateway.observe import MetricsObserver
 from gateway.routing import RoutingSettings
 from gateway.settings import Settings, SettingsError
 from tests.gateway.routing.oip_fake import FakeBackend
@@ -188,7 +189,7 @@ async def test_admission_grants_queued_requests_when_the_limit_rises() -> None:
     settings = RoutingSettings(
         tier_concurrency=16, tier_queue=8,
         adaptive=AdaptiveSettings(min_limit=1, probe_requests=1, window_s=0.01))
-    admission = Admission(settings, metrics=metrics, clock=clock)
+    admission = Admission(settings, observer=MetricsObserver(metrics), clock=clock)
     deadline = clock.now + 60.0
     assert admission.limit("zone") == 1
     first = await admission.acquire("zone", deadline=deadline)
@@ -222,7 +223,8 @@ async def test_admission_grants_queued_requests_when_the_limit_rises() -> None:
 
 async def test_fixed_limit_is_reported_too() -> None:
     registry = CollectorRegistry()
-    admission = Admission(RoutingSettings(tier_concurrency=7), metrics=GatewayMetrics(registry))
+    admission = Admission(RoutingSettings(tier_concurrency=7),
+                          observer=MetricsObserver(GatewayMetrics(registry)))
     slot = await admission.acquire("zone", deadline=time.monotonic() + 5)
     assert admission.limit("zone") == 7 and admission.adaptive("zone") is None
     assert registry.get_sample_value("gateway_concurrency_limit", {"tier": "zone"}) == 7

@@ -11,13 +11,14 @@ from prometheus_client import CollectorRegistry
 from gateway.admission import Admission, Slot
 from gateway.errors import DeadlineExceeded, Overloaded
 from gateway.metrics import GatewayMetrics
+from gateway.observe import MetricsObserver
 from gateway.routing.config import RoutingSettings
 
 
 def make(concurrency: int = 1, queue: int = 2) -> tuple[Admission, CollectorRegistry]:
     registry = CollectorRegistry()
     admission = Admission(RoutingSettings(tier_concurrency=concurrency, tier_queue=queue),
-                          metrics=GatewayMetrics(registry))
+                          observer=MetricsObserver(GatewayMetrics(registry)))
     return admission, registry
 
 

@@ -55,13 +55,14 @@ async def build() -> AsyncIterator[Build]:
         registry = CollectorRegistry()
         metrics = GatewayMetrics(registry)
         specs = [BackendSpec(url=b.url, zone=z, region="r1") for b, z in backends]
-        router = Router(specs, settings, metrics=metrics)
-        admission = Admission(settings, metrics=metrics)
+        observer = MetricsObserver(metrics)
+        router = Router(specs, settings, observer=observer)
+        admission = Admission(settings, observer=observer)
         transport = AiohttpTransport.create(pool_size=settings.pool_size,
                                             connect_timeout_s=settings.connect_timeout_s)
         cleanups.append(transport.close)
         upstream = Upstream(transport, router, admission, settings,
-                            observer=MetricsObserver(metrics))
+                            observer=observer)
         return Rig(upstream, router, admission, settings, registry, transport)
 
     yield make

@@ -22,6 +22,7 @@ from gateway.cache.redis import RedisCache
 from gateway.cache.settings import RedisSettings
 from gateway.keys import CacheKey, derive_key
 from gateway.metrics import GatewayMetrics
+from gateway.observe import MetricsObserver
 from tests.conftest import RedisServer
 from tests.gateway.cache.blackhole import black_hole, close_black_hole
 
@@ -88,7 +89,7 @@ async def test_already_expired_entries_are_not_written(l2: RedisCache, raw: aior
 
 async def test_corrupt_values_are_misses(l2: RedisCache, raw: aioredis.Redis) -> None:
     registry = CollectorRegistry()
-    cache = RedisCache(l2.settings, metrics=GatewayMetrics(registry))
+    cache = RedisCache(l2.settings, observer=MetricsObserver(GatewayMetrics(registry)))
     try:
         good, bad, foreign = k("good"), k("bad"), k("foreign")
         await cache.set_many([(good, fresh()), (bad, fresh(b"x" * 100))])
@@ -143,7 +144,7 @@ async def test_redis_killed_means_misses_then_automatic_recovery(
     registry = CollectorRegistry()
     cache = RedisCache(
         RedisSettings(url=redis_url, timeout_s=0.25, failure_threshold=2, open_s=0.3),
-        metrics=GatewayMetrics(registry),
+        observer=MetricsObserver(GatewayMetrics(registry)),
     )
     try:
         await cache.set_many([(k("before"), fresh())])  # warms the pool: these connections die

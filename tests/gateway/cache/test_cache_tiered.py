@@ -124,7 +124,7 @@ async def test_l2_down_serves_l1_and_counts_errors() -> None:
     metrics = GatewayMetrics(registry)
     l2 = RedisCache(RedisSettings(url=f"redis://127.0.0.1:{port}/0", timeout_s=0.05,
                                   connect_timeout_s=0.05, failure_threshold=1, open_s=60),
-                    metrics=metrics)
+                    observer=MetricsObserver(metrics))
     cache = TieredCache(l1(), l2, observer=MetricsObserver(metrics))
     try:
         await cache.set_many([(k("a"), fresh())])  # L1 stored; the L2 write times out

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.metrics import GatewayMetrics
+from gateway.observe import MetricsObserver
 from gateway.routing import BackendSpec, BackendState, Router, RoutingSettings
 
 
@@ -30,7 +31,8 @@ def spec(port: int, zone: str = "a", region: str = "r1") -> BackendSpec:
 def router_for(specs: list[BackendSpec], clock: FakeClock | None = None, seed: int = 7,
                metrics: GatewayMetrics | None = None, **settings: Any) -> Router:
     return Router(specs, RoutingSettings(region="r1", zone="a", **settings),
-                  clock=clock or FakeClock(), rng=random.Random(seed), metrics=metrics)
+                  clock=clock or FakeClock(), rng=random.Random(seed),
+                  observer=MetricsObserver(metrics) if metrics is not None else None)
 
 
 def fail(router: Router, state: BackendState, times: int, outcome: str = "conn_error") -> None:
