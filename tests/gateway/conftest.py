@@ -100,11 +100,12 @@ async def gateway(backend: BackendProc, aiohttp_client: Any) -> AsyncIterator[Ga
     """Factory: ``await gateway(redis_url=..., policies=...)`` -> an aiohttp TestClient."""
     clients: list[TestClient[Any, Any]] = []
 
-    async def make(*, tenants: Tenants | None = None, **overrides: Any) -> TestClient[Any, Any]:
+    async def make(*, tenants: Tenants | None = None, clock: Callable[[], float] = time.time,
+                   **overrides: Any) -> TestClient[Any, Any]:
         values: dict[str, Any] = {"backends": [backend.url], "health_interval_s": 0.5}
         values.update(overrides)
         settings = load_settings(None, values, environ={})
-        app = create_app(settings, registry=CollectorRegistry(), tenants=tenants)
+        app = create_app(settings, registry=CollectorRegistry(), tenants=tenants, clock=clock)
         client: TestClient[Any, Any] = await aiohttp_client(TestServer(app))
         clients.append(client)
         return client

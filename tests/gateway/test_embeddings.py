@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.gateway.conftest import BackendProc, GatewayFactory, metric_value
+from tests.gateway.pipeline.rig import WallClock
 
 
 def vectors(body: dict[str, Any]) -> np.ndarray:
@@ -109,7 +110,8 @@ async def test_model_alias_and_dimensions(gateway: GatewayFactory) -> None:
 
 
 async def test_cache_control(gateway: GatewayFactory, backend: BackendProc) -> None:
-    client = await gateway()
+    clock = WallClock()
+    client = await gateway(clock=clock)
     body = {"model": "minilm", "input": "cache control semantics"}
     await post(client, "/v1/embeddings", body)
     before = backend.requests_total()
@@ -118,7 +120,7 @@ async def test_cache_control(gateway: GatewayFactory, backend: BackendProc) -> N
     assert backend.requests_total() == before + 1
     _, _, h = await post(client, "/v1/embeddings", body, **{"Cache-Control": "max-age=3600"})
     assert h["X-Cache"] == "HIT"
-    await asyncio.sleep(1.1)
+    clock.advance(1.1)
     _, _, h = await post(client, "/v1/embeddings", body, **{"Cache-Control": "max-age=0"})
     assert h["X-Cache"] == "MISS"
     # no-store: neither read nor written.

@@ -8,11 +8,13 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from gateway import state
 from gateway.tenants import Tenants
 from tests.gateway.conftest import BackendProc, GatewayFactory, start_backend, stop_process
+from tests.gateway.pipeline.rig import WallClock
 
 POLICY = """
 version: test-{n}
@@ -164,10 +166,11 @@ async def test_bad_policy_reload_leaves_serving_untouched(gateway: GatewayFactor
 
 async def test_stale_while_revalidate(gateway: GatewayFactory, backend: BackendProc,
                                       tmp_path: Path) -> None:
-    client = await gateway(policies=str(write_policy(tmp_path, ttl="1s", swr="1m")))
+    clock = WallClock()
+    client = await gateway(policies=str(write_policy(tmp_path, ttl="1s", swr="1m")), clock=clock)
     _, first, h = await embed(client, "stale while revalidate")
     assert h["X-Cache"] == "MISS"
-    await asyncio.sleep(1.2)
+    clock.advance(1.2)
     before = backend.requests_total()
     _, stale, h = await embed(client, "stale while revalidate")
     assert h["X-Cache"] == "STALE" and int(h["Age"]) >= 1
@@ -180,14 +183,15 @@ async def test_stale_while_revalidate(gateway: GatewayFactory, backend: BackendP
 
 async def test_stale_if_error(gateway: GatewayFactory, models_dir: Path, tmp_path: Path) -> None:
     own = start_backend(models_dir)
+    clock = WallClock()
     try:
         client = await gateway(backends=[own.url], policies=str(
-            write_policy(tmp_path, ttl="1s", sie="1h")), read_timeout_ms=2000)
+            write_policy(tmp_path, ttl="1s", sie="1h")), read_timeout_ms=2000, clock=clock)
         _, first, h = await embed(client, "stale if error")
         assert h["X-Cache"] == "MISS"
     finally:
         stop_process(own.proc)
-    await asyncio.sleep(1.2)
+    clock.advance(1.2)
     status, body, h = await embed(client, "stale if error")
     assert status == 200, body
     assert h["X-Cache"] == "STALE"
@@ -195,3 +199,36 @@ async def test_stale_if_error(gateway: GatewayFactory, models_dir: Path, tmp_pat
     status, body, _ = await embed(client, "never cached, backend gone")
     assert status in (502, 503)
     assert body["error"]["type"] in ("bad_gateway", "overloaded")
+
+
+CACHED_ROUTES = {
+    "/v1/embeddings": lambda t: {"model": "minilm", "input": t},
+    "/v1/classify": lambda t: {"model": "minilm", "input": t, "labels": ["news", "sport"]},
+    "/v1/rank": lambda t: {"model": "minilm", "query": t, "documents": ["one", "two"]},
+    "/v2/models/minilm/infer": lambda t: {"inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": [1], "data": [t]}]},
+}
+
+
+@pytest.mark.parametrize("path", sorted(CACHED_ROUTES))
+async def test_a_policy_turned_no_store_makes_older_entries_unreadable(
+        path: str, gateway: GatewayFactory, backend: BackendProc, tmp_path: Path) -> None:
+    """Over real HTTP and the real model, on every cached route: an entry written while the
+    e-mail detector was off never answers once the policy marks e-mails no_store."""
+    policy = tmp_path / "policy.yaml"
+    text = f"mail me at jane.doe@example.com ({path})"
+    policy.write_text(POLICY.format(n=1, ttl="1h", swr="0s", sie="0s").replace(
+        "email: no_store", "email: off"))
+    client = await gateway(policies=str(policy))
+    body = CACHED_ROUTES[path](text)
+    for expected in ("MISS", "HIT"):
+        resp = await client.post(path, json=body)
+        assert resp.status == 200, await resp.text()
+        assert resp.headers["X-Cache"] == expected
+    policy.write_text(POLICY.format(n=2, ttl="1h", swr="0s", sie="0s"))
+    await client.server.app[state.POLICIES].reload()
+    before = backend.requests_total()
+    resp = await client.post(path, json=body)
+    assert resp.status == 200 and resp.headers["X-Cache"] == "MISS"
+    assert resp.headers["X-Cache-Policy"].split("@")[1].startswith("test-2+")
+    assert backend.requests_total() == before + 1

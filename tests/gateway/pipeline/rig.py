@@ -1,0 +1,150 @@
+"""A pipeline wired to an in-memory backend (MemoryTransport): fast, no sockets, no processes.
+
+``WallClock`` ages entries without sleeping; ``ROUTES`` builds the same request for each of the
+four cached routes, so the cache and privacy guarantees are checked on all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import xxhash
+
+from gateway.adapters.oip import parse_oip
+from gateway.adapters.texts import parse_classify, parse_embeddings, parse_rank
+from gateway.admission import Admission
+from gateway.cache.memory import MemoryCache
+from gateway.cache.tiered import TieredCache
+from gateway.context import CacheDirectives, RequestContext
+from gateway.observe import NullObserver
+from gateway.pipeline import Call, Pipeline, Result
+from gateway.policy.store import PolicyStore
+from gateway.routing import BackendSpec, Router, RoutingSettings
+from gateway.upstream import MemoryTransport, Reply, Request, Upstream
+
+OIP_ROUTE = "/v2/models/{name}/infer"
+
+
+class WallClock:
+    """A wall clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def vector(text: str, dim: int = 8) -> list[float]:
+    """A deterministic unit vector per text (the fake model)."""
+    seed = xxhash.xxh3_64_intdigest(text.encode("utf-8"))
+    vec = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
+    return [float(x) for x in vec / np.linalg.norm(vec)]
+
+
+@dataclass
+class FakeModel:
+    """Answers OIP infer requests; ``fail`` makes it answer that status instead."""
+
+    fail: int | None = None
+    texts: list[list[str]] = field(default_factory=list)
+    """The texts of every request that reached it, in order."""
+
+    async def __call__(self, request: Request) -> Reply:
+        doc = orjson.loads(request.body or b"{}")
+        texts = [t for tensor in doc["inputs"] for t in tensor["data"]]
+        self.texts.append(texts)
+        await asyncio.sleep(0.005)  # a real call yields: identical requests meet in flight
+        if self.fail is not None:
+            return Reply(self.fail, b'{"error": "down"}', {})
+        flat = [x for t in texts for x in vector(t)]
+        answer = {"model_name": "minilm", "outputs": [
+            {"name": "embedding", "datatype": "FP32", "shape": [len(texts), 8], "data": flat}]}
+        return Reply(200, orjson.dumps(answer), {"Server-Timing": "queue;dur=0.5, compute;dur=2"})
+
+    @property
+    def calls(self) -> int:
+        return len(self.texts)
+
+
+POLICY = """
+version: unit-{n}
+defaults:
+  ttl: {ttl}
+  stale_while_revalidate: {swr}
+  stale_if_error: {sie}
+  privacy:
+    detectors: {{email: {email}, card: reject, secret: redact, phone: no_store}}
+rules:
+  - name: default
+"""
+
+
+def write_policy(folder: Path, *, n: int = 1, ttl: str = "1h", swr: str = "0s",
+                 sie: str = "0s", email: str = "no_store") -> Path:
+    path = folder / "policy.yaml"
+    path.write_text(POLICY.format(n=n, ttl=ttl, swr=swr, sie=sie, email=email))
+    return path
+
+
+def _resolve(name: str) -> str:
+    return "minilm"
+
+
+# route -> (path for keys, body for one "subject" text, parser)
+ROUTES: dict[str, tuple[str, Callable[[str], dict[str, Any]], Callable[[dict[str, Any]], Call]]]
+ROUTES = {
+    "embeddings": ("/v1/embeddings", lambda t: {"model": "minilm", "input": t},
+                   lambda d: parse_embeddings(d, _resolve)),
+    "classify": ("/v1/classify",
+                 lambda t: {"model": "minilm", "input": t, "labels": ["news", "sport"]},
+                 lambda d: parse_classify(d, _resolve)),
+    "rank": ("/v1/rank", lambda t: {"model": "minilm", "query": t, "documents": ["x", "y"]},
+             lambda d: parse_rank(d, _resolve)),
+    "oip": (OIP_ROUTE, lambda t: {"id": "r1", "inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": [1], "data": [t]}]},
+        lambda d: parse_oip(d, "minilm")),
+}
+
+
+@dataclass
+class Rig:
+    pipeline: Pipeline
+    model: FakeModel
+    clock: WallClock
+    policies: PolicyStore
+    l1: MemoryCache
+    route: str
+
+    async def ask(self, text: str, *, cache_control: str | None = None,
+                  timeout_s: float = 5.0) -> tuple[Result, bytes]:
+        path, body, parse = ROUTES[self.route]
+        call = parse(body(text))
+        ctx = RequestContext(request_id="t", route=path, tenant="public",
+                             deadline=time.monotonic() + timeout_s,
+                             directives=CacheDirectives.parse(cache_control))
+        result = await self.pipeline.run(ctx, call)
+        return result, call.render(result)
+
+
+async def build(route: str, policy: Path) -> Rig:
+    clock = WallClock()
+    model = FakeModel()
+    settings = RoutingSettings(retry=False)
+    router = Router([BackendSpec(url="http://fake:1")], settings)
+    upstream = Upstream(MemoryTransport(model), router, Admission(settings), settings)
+    policies = PolicyStore([policy], metrics=None)
+    l1 = MemoryCache(max_entries=1000, max_bytes=10**7, clock=clock)
+    pipeline = Pipeline(policies=policies, cache=TieredCache(l1, None), upstream=upstream,
+                        model_version=lambda _m: "1", observer=NullObserver(), clock=clock)
+    return Rig(pipeline, model, clock, policies, l1, route)
