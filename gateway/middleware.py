@@ -2,6 +2,9 @@
 
 Every error leaves as ``{"error": {"type", "message", "request_id"}}`` with the status its class
 carries; anything unexpected is logged with its traceback and answered 500 without internals.
+Errors whose detail stays internal (a backend's address) are answered with their public message
+and the detail is logged at WARNING with the request id. Every response says ``Server:
+edge-gateway``, never the Python and aiohttp versions.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from gateway.errors import GatewayError, MethodNotAllowed, NotFound, PayloadTooL
 from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("gateway.access")
+error_log = logging.getLogger("gateway.errors")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
@@ -27,6 +31,8 @@ TENANT: web.RequestKey[str] = web.RequestKey("tenant", str)
 # Probes and scrapes would drown the access log; they are counted in metrics instead.
 _QUIET = frozenset({"/metrics", "/healthz", "/readyz", "/dashboard/stats.json"})
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+SERVER_NAME = "edge-gateway"
+"""The ``Server`` header of every response: a product name, no versions to fingerprint."""
 
 
 def request_id_of(request: web.Request) -> str:
@@ -34,9 +40,16 @@ def request_id_of(request: web.Request) -> str:
     return rid
 
 
+def new_request_id() -> str:
+    """A fresh request id: 128 random bits in hex."""
+    return os.urandom(16).hex()
+
+
 def error_response(exc: GatewayError, request_id: str) -> web.Response:
-    body = {"error": {"type": exc.type, "message": exc.message, "request_id": request_id}}
-    headers = {"X-Request-Id": request_id, **exc.headers()}
+    """The one JSON error shape, with the error's public message and headers."""
+    body = {"error": {"type": exc.type, "message": exc.public_message,
+                      "request_id": request_id}}
+    headers = {"X-Request-Id": request_id, "Server": SERVER_NAME, **exc.headers()}
     return web.Response(status=exc.status, body=orjson.dumps(body),
                         content_type="application/json", headers=headers)
 
@@ -44,8 +57,11 @@ def error_response(exc: GatewayError, request_id: str) -> web.Response:
 def _from_http_exception(exc: web.HTTPException) -> GatewayError:
     if exc.status == 404:
         return NotFound("no such route")
-    if exc.status == 405:
-        return MethodNotAllowed("method not allowed on this route")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = sorted(exc.allowed_methods)
+        return MethodNotAllowed(
+            f"method {exc.method} is not allowed on this route; it takes {', '.join(allowed)}",
+            allowed=allowed)
     if exc.status == 413:
         return PayloadTooLarge("request body too large")
     err = GatewayError(exc.reason)
@@ -61,13 +77,19 @@ def make_error_middleware(metrics: GatewayMetrics) -> Callable[..., Awaitable[we
     @web.middleware
     async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         incoming = request.headers.get("X-Request-Id", "")
-        rid = incoming if _SAFE_ID.match(incoming) else os.urandom(16).hex()  # 128 random bits
+        rid = incoming if _SAFE_ID.match(incoming) else new_request_id()
         request[REQUEST_ID] = rid
         t0 = time.perf_counter()
         route = _route_label(request)
         try:
             response = await handler(request)
         except GatewayError as exc:
+            if exc.public_message != exc.message:
+                # The client got the public words; the detail (which backend, its status and
+                # error message, which names fields, never texts) is for operators.
+                error_log.warning("upstream error", extra={
+                    "request_id": rid, "route": route, "status": exc.status,
+                    "error": exc.type, "detail": exc.message})
             response = error_response(exc, rid)
         except web.HTTPException as exc:
             response = error_response(_from_http_exception(exc), rid)
@@ -87,6 +109,7 @@ def make_error_middleware(metrics: GatewayMetrics) -> Callable[..., Awaitable[we
             children[0].inc()
             children[1].observe(elapsed)
         response.headers.setdefault("X-Request-Id", rid)
+        response.headers["Server"] = SERVER_NAME
         if log.isEnabledFor(logging.INFO) and route not in _QUIET:
             log.info("request", extra={
                 "request_id": rid, "method": request.method, "route": route,

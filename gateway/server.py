@@ -4,6 +4,10 @@ Workers bind the same port with SO_REUSEPORT and the kernel spreads connections 
 Prometheus metrics are shared through prometheus-client's multiprocess mode: the supervisor makes a
 fresh ``PROMETHEUS_MULTIPROC_DIR`` before any worker starts, so ``/metrics`` on any worker reports
 all of them. SIGTERM/SIGINT stop every worker; SIGHUP is forwarded (policy reload).
+
+Each worker serves the app through ``GatewayRunner``, whose connections answer what fails before
+any middleware runs (a request line or header too long, a message that is not HTTP) in the
+gateway's JSON error shape, and log the status and the kind of error, never the bytes.
 """
 
 from __future__ import annotations
@@ -21,10 +25,23 @@ import tempfile
 import time
 from typing import Any
 
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
+
+from gateway.errors import (
+    DeadlineExceeded,
+    GatewayError,
+    HeadersTooLarge,
+    MalformedRequest,
+    UriTooLong,
+)
 from gateway.logs import setup_logging
+from gateway.middleware import error_response, new_request_id
 from gateway.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("gateway.server")
+http_log = logging.getLogger("gateway.http")
+_TOO_MANY_HEADERS = "Too many headers received"  # aiohttp's BadHttpMessage text for max_headers
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -50,8 +67,6 @@ def serve(args: argparse.Namespace) -> int:
 
 def run_worker(settings: Settings, *, reuse_port: bool) -> int:
     """Run one gateway process until SIGTERM/SIGINT."""
-    from aiohttp import web
-
     from gateway.app import create_app
 
     setup_logging(settings.log_level)
@@ -69,9 +84,104 @@ def run_worker(settings: Settings, *, reuse_port: bool) -> int:
     app.on_startup.append(_freeze_gc)
     log.info("gateway listening", extra={"host": settings.host, "port": settings.port,
                                           "pid": os.getpid()})
-    web.run_app(app, host=settings.host, port=settings.port, reuse_port=reuse_port,
-                access_log=None, print=None, handle_signals=True, shutdown_timeout=10.0)
+    asyncio.run(_serve(app, settings, reuse_port=reuse_port))
     return 0
+
+
+async def _serve(app: web.Application, settings: Settings, *, reuse_port: bool) -> None:
+    """``web.run_app``'s job (which cannot take another runner) with ``GatewayRunner``."""
+    # keepalive_timeout: run_app's default, kept (the handler's own default is an hour).
+    runner = GatewayRunner(app, access_log=None, keepalive_timeout=75.0, shutdown_timeout=10.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port)
+        await site.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+class GatewayRequestHandler(web.RequestHandler):
+    """aiohttp's per-connection protocol, with its error answers in the gateway's shape.
+
+    aiohttp calls ``handle_error`` for what fails before the app (and so before any middleware)
+    sees a request: a request line, header or header count over the parser's limits, a message
+    that is not HTTP/1.1, or an exception escaping the app. Its own version answers in plain
+    text, names ``Server: Python/... aiohttp/...`` and logs the first 100 bytes of the offending
+    line at ERROR (an API key, a token in a query string). This one answers
+    ``{"error": {"type", "message", "request_id"}}`` with 414, 431 or 400 and logs one line with
+    the status and the kind of error. Overriding this documented hook needs a request handler
+    class, which aiohttp takes from no setting: ``GatewayServer`` makes it.
+    """
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        rid = new_request_id()
+        error: GatewayError
+        if isinstance(exc, HttpProcessingError):
+            error = self._client_error(exc)
+            # Scanners send TLS or junk as a first request: aiohttp keeps those at DEBUG too.
+            quiet = self._request_count == 1 and isinstance(exc, BadHttpMethod)
+            http_log.log(logging.DEBUG if quiet else logging.INFO, "unparsable request",
+                         extra={"request_id": rid, "status": error.status,
+                                "error": type(exc).__name__})
+        elif status == 504:  # an asyncio.TimeoutError escaped the app
+            error = DeadlineExceeded("a timeout escaped the request handler")
+            http_log.warning("timeout outside the app", extra={"request_id": rid})
+        else:
+            error = GatewayError("internal error")
+            http_log.error("unhandled error outside the app", exc_info=exc,
+                           extra={"request_id": rid})
+        if request.writer.output_size > 0:  # the response has started: only closing is left
+            raise ConnectionError("response already started; cannot send an error")
+        response = error_response(error, rid)
+        response.force_close()
+        return response
+
+    def _client_error(self, exc: HttpProcessingError) -> GatewayError:
+        """The error a parser failure stands for; its message never quotes the request."""
+        if isinstance(exc, LineTooLong):
+            # LineTooLong carries (line, limit, ...): the limit tells the request line (URL)
+            # from a header, as long as the two limits differ (create_app sets them apart).
+            limit = exc.args[1] if len(exc.args) > 1 else None
+            if limit == self.max_line_size and limit != self.max_field_size:
+                return UriTooLong(f"the request line is longer than {limit} bytes")
+            return HeadersTooLarge(f"a request header is longer than {limit} bytes")
+        if exc.message == _TOO_MANY_HEADERS:
+            return HeadersTooLarge(f"more than {self.max_headers} request headers")
+        return MalformedRequest("the request is not valid HTTP/1.1")
+
+
+class GatewayServer(web.Server):
+    """aiohttp's low-level server, making each connection's protocol a ``GatewayRequestHandler``.
+
+    ``web.Server.__call__`` hard-codes ``RequestHandler``; this passes the same arguments
+    (``handler_args`` included) to the subclass.
+    """
+
+    def __call__(self) -> web.RequestHandler:
+        return GatewayRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class GatewayRunner(web.AppRunner):
+    """``web.AppRunner`` serving through ``GatewayServer`` (tests use it through a TestServer)."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()  # starts the app, applies handler_args
+        return GatewayServer(server.request_handler, request_factory=server.request_factory,
+                             handler_cancellation=server.handler_cancellation,
+                             loop=asyncio.get_running_loop(), **server._kwargs)
 
 
 async def _freeze_gc(_app: object) -> None:

@@ -87,6 +87,9 @@ class Settings:
     """API-key -> tenant file; None = every request is tenant 'public'."""
     admin_token: str | None = None
     """Bearer token for /admin routes; None disables them (404)."""
+    metrics_token: str | None = None
+    """Bearer token /metrics requires (its labels name tenants); None = open, as Prometheus
+    scrapes by default."""
     max_body_bytes: int = 1024 * 1024
     """Largest request body accepted (413 past it)."""
     default_timeout_ms: int = 10_000
@@ -165,6 +168,11 @@ class Settings:
                     f"redis_url: scheme {scheme!r} is not redis://, rediss://, unix:// or "
                     "redis+cluster:// / rediss+cluster://"
                 )
+        token = self.metrics_token
+        if token is not None and not (token.isascii() and token.isprintable()
+                                      and token and " " not in token):
+            raise SettingsError("metrics_token: must be non-empty printable ASCII without spaces "
+                                "(leave it unset for an open /metrics)")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise SettingsError("log_level: one of DEBUG, INFO, WARNING, ERROR")
         if not self.models:

@@ -1,12 +1,22 @@
-"""Liveness, readiness and the Prometheus scrape route."""
+"""Liveness, readiness and the Prometheus scrape route.
+
+``/metrics`` labels name tenants, so it can be closed: with ``metrics_token`` set, a scrape must
+send ``Authorization: Bearer <token>`` (compared in constant time, as the admin token is) and
+anything else is a 401 in the gateway's error shape. Without it the route is open, which is what
+a default Prometheus scrape config expects.
+"""
 
 from __future__ import annotations
+
+import hmac
 
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import state
+from gateway.errors import Unauthorized
+from gateway.handlers.admin import presented_token
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -25,6 +35,14 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """The Prometheus text format, all workers' series (behind ``metrics_token`` when set)."""
+    expected = request.app[state.SETTINGS].metrics_token
+    if expected is not None:
+        token = presented_token(request)
+        # aiohttp keeps undecodable header bytes as surrogates: encode them back, never fail.
+        if token is None or not hmac.compare_digest(token.encode("utf-8", "surrogateescape"),
+                                                    expected.encode("utf-8")):
+            raise Unauthorized("a valid metrics token is required (Authorization: Bearer <token>)")
     registry = request.app[state.METRICS].registry
     return web.Response(body=generate_latest(registry),
                         headers={"Content-Type": CONTENT_TYPE_LATEST})

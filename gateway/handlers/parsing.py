@@ -21,14 +21,7 @@ async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
         raise UnsupportedMediaType(
             f"Content-Type must be application/json (got {ctype or 'none'})"
         )
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise PayloadTooLarge(f"request body is {request.content_length} bytes; limit {max_bytes}")
-    try:
-        body = await request.content.read(max_bytes + 1)
-    except ValueError as exc:  # aiohttp: client_max_size exceeded
-        raise PayloadTooLarge(f"request body over the limit of {max_bytes} bytes") from exc
-    if len(body) > max_bytes:
-        raise PayloadTooLarge(f"request body over the limit of {max_bytes} bytes")
+    body = await read_body(request, max_bytes)
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -36,6 +29,28 @@ async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValidationFailed("body", "must be a JSON object")
     return data
+
+
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The whole body (to the end of its Content-Length or last chunk), 413 past ``max_bytes``.
+
+    Reads until the payload ends, however the bytes are split on the wire; a body shorter than
+    its Content-Length waits for the rest. Stops reading as soon as the total passes the limit,
+    chunked bodies included.
+    """
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise PayloadTooLarge(f"request body is {request.content_length} bytes; limit {max_bytes}")
+    body = bytearray()
+    try:
+        while chunk := await request.content.readany():
+            body += chunk
+            if len(body) > max_bytes:
+                raise PayloadTooLarge(f"request body over the limit of {max_bytes} bytes")
+    except web.RequestPayloadError:  # broken chunk framing, or a decoding error
+        raise BadRequest("request body is malformed (transfer or content encoding)") from None
+    except ConnectionResetError:  # the client left mid-body; the answer reaches no one
+        raise BadRequest("the connection closed before the request body was complete") from None
+    return bytes(body)
 
 
 def require_str(data: dict[str, Any], field: str, *, allow_empty: bool = False) -> str:
