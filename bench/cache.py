@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from gateway.cache.entry import Entry
 from gateway.cache.memory import MemoryCache
-from gateway.keys import derive_key, derive_keys
+from gateway.keys import derive_key
 
 VALUE = bytes(range(256)) * 6  # 1536 bytes: one 384-d float32 embedding
 CONTEXT = {
@@ -36,7 +36,7 @@ def best_ns_per_op(fn: Callable[[int], None], n: int, rounds: int = 5) -> float:
 
 def run(n: int) -> dict[str, float]:
     texts = [f"the quick brown fox number {i} jumps over the lazy dog".encode() for i in range(n)]
-    keys = derive_keys(canonicals=texts, **CONTEXT)
+    keys = [derive_key(canonical=t, **CONTEXT) for t in texts]
     now = time.time()
     entry = Entry(VALUE, now, 3600.0, 60.0, 600.0, 4.2)
     blob = entry.encode()
@@ -53,9 +53,6 @@ def run(n: int) -> dict[str, float]:
     def key_one(m: int) -> None:
         for t in texts[:m]:
             derive_key(canonical=t, **CONTEXT)
-
-    def key_batch(m: int) -> None:
-        derive_keys(canonicals=texts[:m], **CONTEXT)
 
     def l1_set(m: int) -> None:
         for key in keys[:m]:
@@ -85,7 +82,6 @@ def run(n: int) -> dict[str, float]:
     benches: dict[str, Callable[[int], None]] = {
         "baseline: dict.get loop": baseline,
         "derive_key (one item)": key_one,
-        "derive_keys (per item, batch)": key_batch,
         "CacheKey.redis_key": redis_key,
         "L1 set (no eviction)": l1_set,
         "L1 get (hit)": l1_get_hit,

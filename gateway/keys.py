@@ -14,7 +14,6 @@ tenant's entries can still be found with ``prefix:*:{scope_tag}:*``.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -88,19 +87,3 @@ def derive_key(
     head = _context(route, model, model_version, scope, normalization)
     digest = _xxh3_128(head + _LEN64(len(canonical)) + canonical)
     return CacheKey(model, scope, digest)
-
-
-def derive_keys(
-    *,
-    route: str,
-    model: str,
-    model_version: str,
-    scope: str,
-    normalization: str,
-    canonicals: Sequence[bytes],
-) -> list[CacheKey]:
-    """``derive_key`` for every item of a list input, in order (same result, less overhead)."""
-    head = _context(route, model, model_version, scope, normalization)
-    return [
-        CacheKey(model, scope, _xxh3_128(head + _LEN64(len(c)) + c)) for c in canonicals
-    ]

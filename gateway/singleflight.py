@@ -15,8 +15,7 @@ flight nobody joined does not log "Future exception was never retrieved".
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -66,60 +65,10 @@ class SingleFlight(Generic[K, V]):
         if fut is not None and not fut.done():
             fut.set_exception(_shareable(exc))
 
-    def abandon(self, futures: Iterable[tuple[K, asyncio.Future[V]]]) -> int:
-        """Reject those of these ``(key, future)`` flights still pending; returns how many.
-
-        Checks identity, so a key already settled and re-claimed by a new leader is left alone.
-        """
-        count = 0
-        for key, fut in futures:
-            if self._flights.get(key) is fut:
-                self.reject(key, FlightAbandoned("the leading request ended without a result"))
-                count += 1
-        return count
-
-    @contextmanager
-    def leading(self, keys: Iterable[K]) -> Iterator[dict[K, asyncio.Future[V]]]:
-        """Lead ``keys`` for the duration of the block; whatever is unsettled at exit is
-        rejected (with the block's exception, or ``FlightAbandoned``).
-
-        Yields the flights this caller leads (claims that found a leader are not included;
-        use ``claim`` for those).
-        """
-        led: dict[K, asyncio.Future[V]] = {}
-        for key in keys:
-            fut, leader = self.claim(key)
-            if leader:
-                led[key] = fut
-        try:
-            yield led
-        except BaseException as exc:
-            for key, fut in led.items():
-                if self._flights.get(key) is fut:
-                    self.reject(key, exc)
-            raise
-        finally:
-            self.abandon(led.items())
-
     @staticmethod
     async def join(fut: asyncio.Future[V]) -> V:
         """Wait for a flight as a follower; cancelling this waiter leaves the flight running."""
         return await asyncio.shield(fut)
-
-    async def do(self, key: K, fn: Callable[[], Awaitable[V]]) -> tuple[V, bool]:
-        """Run ``fn`` once for all concurrent callers of ``key``: ``(value, shared)``."""
-        fut, leader = self.claim(key)
-        if not leader:
-            return await self.join(fut), True
-        try:
-            value = await fn()
-        except BaseException as exc:
-            if self._flights.get(key) is fut:
-                self.reject(key, exc)
-            raise
-        if self._flights.get(key) is fut:
-            self.resolve(key, value)
-        return value, False
 
 
 def _shareable(exc: BaseException) -> BaseException:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.keys import CacheKey, derive_key, derive_keys, scope_tag
+from gateway.keys import CacheKey, derive_key, scope_tag
 
 BASE: dict[str, str] = {
     "route": "/v1/embeddings",
@@ -68,13 +68,6 @@ def test_distinct_inputs_give_distinct_keys(
                           normalization=t[4], canonical=t[5]).digest
 
     assert (k(a) == k(b)) == (a == b)
-
-
-def test_derive_keys_matches_derive_key() -> None:
-    items = [b"one", b"two", b"", b"one"]
-    keys = derive_keys(canonicals=items, **BASE)
-    assert keys == [key(c) for c in items]
-    assert keys[0] == keys[3]
 
 
 def test_redis_key_layout_hides_the_tenant() -> None:

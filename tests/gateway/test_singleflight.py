@@ -11,6 +11,20 @@ import pytest
 from gateway.singleflight import FlightAbandoned, SingleFlight
 
 
+async def do(sf: SingleFlight[str, int], key: str, fn: Any) -> tuple[int, bool]:
+    """How the pipeline uses a flight: lead it (settle it whatever happens) or join it."""
+    fut, leader = sf.claim(key)
+    if not leader:
+        return await sf.join(fut), True
+    try:
+        value: int = await fn()
+    except BaseException as exc:
+        sf.reject(key, exc)
+        raise
+    sf.resolve(key, value)
+    return value, False
+
+
 def watch(errors: list[dict[str, Any]]) -> None:
     """Collect what the loop's exception handler sees (e.g. 'exception was never retrieved')."""
     asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
@@ -27,7 +41,7 @@ async def test_fifty_concurrent_calls_make_one_upstream_call() -> None:
         await gate.wait()
         return 42
 
-    tasks = [asyncio.create_task(sf.do("k", upstream)) for _ in range(50)]
+    tasks = [asyncio.create_task(do(sf, "k", upstream)) for _ in range(50)]
     await asyncio.sleep(0)
     assert len(sf) == 1
     gate.set()
@@ -57,7 +71,7 @@ async def test_leader_error_reaches_every_follower() -> None:
         await asyncio.sleep(0.01)
         raise RuntimeError("backend 502")
 
-    tasks = [asyncio.create_task(sf.do("k", boom)) for _ in range(5)]
+    tasks = [asyncio.create_task(do(sf, "k", boom)) for _ in range(5)]
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, RuntimeError) for r in results)
     assert len(sf) == 0
@@ -71,10 +85,10 @@ async def test_cancelled_follower_does_not_cancel_the_others() -> None:
         await gate.wait()
         return 7
 
-    leader = asyncio.create_task(sf.do("k", upstream))
+    leader = asyncio.create_task(do(sf, "k", upstream))
     await asyncio.sleep(0)
-    f1 = asyncio.create_task(sf.do("k", upstream))
-    f2 = asyncio.create_task(sf.do("k", upstream))
+    f1 = asyncio.create_task(do(sf, "k", upstream))
+    f2 = asyncio.create_task(do(sf, "k", upstream))
     await asyncio.sleep(0)
     f1.cancel()
     await asyncio.sleep(0)
@@ -92,9 +106,9 @@ async def test_cancelled_leader_releases_followers_with_a_retryable_error() -> N
         await asyncio.Event().wait()
         return 0
 
-    leader = asyncio.create_task(sf.do("k", hang))
+    leader = asyncio.create_task(do(sf, "k", hang))
     await asyncio.sleep(0)
-    follower = asyncio.create_task(sf.do("k", hang))
+    follower = asyncio.create_task(do(sf, "k", hang))
     await asyncio.sleep(0)
     leader.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -103,36 +117,6 @@ async def test_cancelled_leader_releases_followers_with_a_retryable_error() -> N
         await follower
     assert not follower.cancelled()
     assert len(sf) == 0
-
-
-async def test_leading_block_rejects_what_it_left_unsettled() -> None:
-    sf: SingleFlight[str, int] = SingleFlight()
-    with sf.leading(["a", "b"]) as led:
-        fa, fb = led["a"], led["b"]
-        f_follow, is_leader = sf.claim("a")
-        assert not is_leader
-        sf.resolve("a", 1)
-    assert fa.result() == 1 and f_follow.result() == 1
-    with pytest.raises(FlightAbandoned):
-        fb.result()
-
-    with pytest.raises(ValueError, match="bad"), sf.leading(["c"]) as led:
-        fc = led["c"]
-        raise ValueError("bad")
-    with pytest.raises(ValueError, match="bad"):
-        fc.result()
-    assert len(sf) == 0
-
-
-async def test_abandon_leaves_a_newer_flight_alone() -> None:
-    sf: SingleFlight[str, int] = SingleFlight()
-    old, _ = sf.claim("k")
-    sf.resolve("k", 1)
-    new, leader = sf.claim("k")
-    assert leader
-    assert sf.abandon([("k", old)]) == 0
-    assert not new.done()
-    sf.resolve("k", 2)
 
 
 async def test_unjoined_rejections_do_not_warn() -> None:
