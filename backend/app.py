@@ -9,6 +9,7 @@ Routes (Open Inference Protocol v2 REST, plus OpenAI-compatible embeddings and m
     POST /v2/models/{model}[/versions/{version}]/infer  inference
     POST /v1/embeddings                                 OpenAI-compatible embeddings
     GET  /metrics                                       Prometheus text format
+    GET  /openapi.json                                  this API as an OpenAPI 3.1 document
 
 Models are loaded during startup (so a bad repository or ``--device cuda`` without a GPU stops
 the server before it listens) unless the caller passes them in; warm-up then runs in the
@@ -24,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from backend import handlers
+from backend import handlers, openapi
 from backend.dataplane import DataPlane
 from backend.handlers import DATAPLANE, METRICS
 from backend.metrics import BackendMetrics
@@ -93,3 +94,4 @@ def _add_routes(app: web.Application) -> None:
         app.router.add_post(prefix + "/infer", handlers.infer)
     app.router.add_post("/v1/embeddings", handlers.embeddings)
     app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_get("/openapi.json", openapi.handler(openapi.load()))

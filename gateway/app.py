@@ -17,7 +17,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gateway import ops_routes, state
+from gateway import openapi, ops_routes, state
 from gateway.adapters.render import FragmentCache
 from gateway.adaptive import AdaptiveSettings
 from gateway.admission import Admission
@@ -133,6 +133,7 @@ def create_app(
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
+    app.router.add_get("/openapi.json", openapi.handler(openapi.load()))
     ops_routes.register(app)
     return app
 
