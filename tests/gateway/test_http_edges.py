@@ -251,8 +251,14 @@ async def test_metrics_is_open_without_a_token(gateway: GatewayFactory) -> None:
     assert "gateway_" in await resp.text()
 
 
-async def test_metrics_needs_the_token_when_one_is_set(gateway: GatewayFactory) -> None:
+async def test_metrics_needs_the_token_when_one_is_set(gateway: GatewayFactory,
+                                                       connect: Any) -> None:
     client = await gateway(metrics_token=METRICS_TOKEN)
+    reader, writer = await connect(port_of(client))  # a token that is not UTF-8: 401, not 500
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n\r\n")
+    await writer.drain()
+    reply = await read_reply(reader)
+    assert reply.status == 401 and reply.error()["type"] == "unauthorized"
     for headers in ({}, {"Authorization": "Bearer not-the-token"},
                     {"Authorization": f"Basic {METRICS_TOKEN}"}):
         resp = await client.get("/metrics", headers=headers)
