@@ -27,8 +27,10 @@ model: $(MODEL)
 $(MODEL): | $(STAMP)
 	$(PY) -m backend build-model minilm --out models
 
+# Prints "ready" once the gateway answers /readyz (READY_TIMEOUT_S, default 60 s); exec: the
+# script is make's own child, so the PID it prints stops everything it started.
 run: $(STAMP) $(MODEL)
-	@BACKEND_PORT=$(BACKEND_PORT) GATEWAY_PORT=$(GATEWAY_PORT) PY=$(PY) bash deploy/run-local.sh
+	@BACKEND_PORT=$(BACKEND_PORT) GATEWAY_PORT=$(GATEWAY_PORT) PY=$(PY) exec bash deploy/run-local.sh
 
 test: $(STAMP) $(MODEL)
 	$(PY) -m pytest $(PYTEST_ARGS)

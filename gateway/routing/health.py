@@ -3,8 +3,9 @@
 Every ``health_interval_s`` each backend gets ``GET /v2/health/ready``. A refused connection or a
 non-200 answer marks it unhealthy at once (nothing listens, or it says it is not ready); timeouts
 and other errors must repeat ``unhealthy_threshold`` times, so one slow answer under load does
-not move traffic. One success marks it healthy again, but does not cut a passive ejection short:
-ejection is about failed calls, which a cheap readiness probe cannot vouch for.
+not move traffic, except for a backend that has not been ready once since the gateway started
+(nothing vouches for it yet). One success marks it healthy again, but does not cut a passive
+ejection short: ejection is about failed calls, which a cheap readiness probe cannot vouch for.
 
 The checker logs each change of health. A backend that has not been ready once since the gateway
 started (refused or not ready: it is starting or warming up) is logged at INFO, once; a backend
@@ -131,7 +132,10 @@ class HealthChecker:
             self._seen_ready.add(state)
             return
         state.health_failures += 1
-        if probe is _Probe.DOWN or state.health_failures >= self._settings.unhealthy_threshold:
+        # The threshold spares a backend that has worked from one slow answer; one that has not
+        # been ready since start (health is optimistic until then) gets no benefit of the doubt.
+        if (probe is _Probe.DOWN or state not in self._seen_ready
+                or state.health_failures >= self._settings.unhealthy_threshold):
             if not self._router.set_health(state, False):
                 return
             fields = {**self._fields(state), "reason": reason}

@@ -77,3 +77,19 @@ async def test_a_backend_that_dies_after_being_ready_is_a_warning(
         assert not router.states[0].healthy
         assert [(level, msg) for level, msg, _ in records(caplog)] == [
             (logging.WARNING, "backend unhealthy")]
+
+
+async def test_a_backend_never_ready_gets_no_threshold_for_timeouts(
+    session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    async with FakeBackend() as backend:
+        backend.health_delay_s = 0.5  # accepts, then stalls past health_timeout_s
+        settings = RoutingSettings(health_timeout_s=0.1, health_interval_s=0.05,
+                                   unhealthy_threshold=3)
+        router = Router([BackendSpec(url=backend.url)], settings)
+        checker = HealthChecker(router, session, settings)
+        await checker.check_once()
+        assert not router.states[0].healthy and not router.ready()
+        assert records(caplog) == [
+            (logging.INFO, "backend not ready yet", "readiness check timed out")]
