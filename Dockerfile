@@ -25,6 +25,7 @@ FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /models /models
+# `--policies /app/policies/` reads the *.yaml files in it (default.yaml), not examples/.
 COPY policies /app/policies
 WORKDIR /app
 RUN useradd --system --uid 10001 --no-create-home app

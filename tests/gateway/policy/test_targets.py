@@ -158,3 +158,14 @@ def test_cached_routes_are_the_routes_the_gateway_decides_policies_for() -> None
                      registry=CollectorRegistry())
     registered = {r.canonical for r in app.router.resources()}
     assert set(CACHED_ROUTES) <= registered
+
+
+def test_the_readme_policy_example_loads_with_the_gateway_models(tmp_path: Path) -> None:
+    from gateway.policy.cli import gateway_models
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    start = readme.index("```yaml\nversion: ") + len("```yaml\n")
+    path = tmp_path / "readme.yaml"
+    path.write_text(readme[start:readme.index("```", start)], encoding="utf-8")
+    policy = load_policy([path], models=gateway_models())
+    assert [r.name for r in policy.rules] == ["no-cache-debug", "public-embeddings-shared"]
