@@ -14,7 +14,8 @@ pids=()
 names=()
 
 cleanup() {
-  trap - INT TERM EXIT
+  trap '' INT TERM  # a second Ctrl-C must not cut the clean-up short (it is bounded below)
+  trap - EXIT
   local pid i
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for ((i = 0; i < 100; i++)); do  # up to 10 s for a clean stop, then SIGKILL
