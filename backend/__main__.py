@@ -66,6 +66,8 @@ def _add_serve(commands: Any) -> None:
     serve.add_argument("--max-queue-size", type=int, help="override the models' queue bound")
     serve.add_argument("--max-items-per-request", type=int,
                        help="texts one request may carry (default: 256)")
+    serve.add_argument("--max-text-bytes-per-request", type=int,
+                       help="UTF-8 bytes of text one request may carry (default: 2 MiB)")
     serve.add_argument("--default-timeout-ms", type=float,
                        help="deadline of requests without X-Request-Timeout-Ms (default: 30000)")
     serve.add_argument("--client-max-size", type=int,
@@ -102,7 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     names = ("models_dir", "host", "port", "device", "threads", "variant", "region", "zone",
              "max_batch_size", "max_queue_delay_ms", "max_queue_size", "max_items_per_request",
-             "default_timeout_ms", "client_max_size", "log_level")
+             "max_text_bytes_per_request", "default_timeout_ms", "client_max_size", "log_level")
     overrides = {name: getattr(args, name) for name in names}
     if overrides["models_dir"] is not None:
         overrides["models_dir"] = Path(overrides["models_dir"])

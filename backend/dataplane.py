@@ -20,6 +20,7 @@ import numpy.typing as npt
 import backend
 from backend.batching import BatcherClosed, DeadlineExpired, DynamicBatcher, QueueFull
 from backend.errors import BackendError, DeadlineExceeded, ModelNotFound, Unavailable
+from backend.limits import RequestLimits
 from backend.metrics import BackendMetrics
 from backend.model import Embedding, EmbeddingModel
 from backend.runtime import InferenceFailed
@@ -46,7 +47,7 @@ class EmbedResult:
 
 
 class ServedModel:
-    """A model as served: the loaded model, its batcher, its readiness and request limit."""
+    """A model as served: the loaded model, its batcher, its readiness and request limits."""
 
     def __init__(self, model: EmbeddingModel, settings: ServeSettings, metrics: BackendMetrics):
         config = model.config
@@ -56,6 +57,8 @@ class ServedModel:
         queue_size = settings.max_queue_size or config.max_queue_size
         self.max_batch_size = settings.max_batch_size or config.max_batch_size
         self.max_items = min(settings.max_items_per_request, queue_size)
+        self.limits = RequestLimits(max_items=self.max_items,
+                                    max_text_bytes=settings.max_text_bytes_per_request)
         delay_ms = settings.max_queue_delay_ms
         self.batcher: DynamicBatcher[IdArray, Embedding] = DynamicBatcher(
             model.compute,
@@ -129,8 +132,12 @@ class DataPlane:
 
     async def embed(self, served: ServedModel, texts: Sequence[str], *, deadline: float
                     ) -> EmbedResult:
-        """Embeds ``texts`` through the model's batcher; ``deadline`` is ``time.monotonic()``."""
+        """Embeds ``texts`` through the model's batcher; ``deadline`` is ``time.monotonic()``.
+
+        A request past the model's limits (``limits.py``) fails before it is tokenized.
+        """
         name = served.config.name
+        served.limits.check(texts)
         if not served.ready:
             raise Unavailable(f"model {name!r} is not ready (warming up)", retry_after_s=1.0)
         if sum(len(t) for t in texts) <= INLINE_TOKENIZE_CHARS:

@@ -9,10 +9,12 @@ they are called; messages never quote request text.
     ├── BadRequest (400)              malformed JSON, wrong datatype or shape, invalid UTF-8, ...
     ├── NotFound (404)
     │   └── ModelNotFound (404)       unknown model or version
-    ├── PayloadTooLarge (413)
+    ├── PayloadTooLarge (413)         body, or the texts in it, past a limit
     ├── UnsupportedMediaType (415)
     ├── Unavailable (503)             Retry-After: queue full, not ready, shutting down
-    └── DeadlineExceeded (504)        the request's deadline passed before compute
+    ├── DeadlineExceeded (504)        the request's deadline passed before compute
+    └── ClientDisconnected (499)      the client left before its body arrived; nobody hears
+                                      the answer, so it is counted (499), not logged as an error
 """
 
 from __future__ import annotations
@@ -94,3 +96,15 @@ class DeadlineExceeded(BackendError):
 
     status = 504
     openai_type = "timeout_error"
+
+
+class ClientDisconnected(BackendError):
+    """The client closed the connection before its request body arrived.
+
+    Nobody is left to read an answer: the middleware renders one anyway (aiohttp drops it
+    quietly) so that the request is counted and access-logged as 499, nginx's "client closed
+    request", and never as a server error.
+    """
+
+    status = 499
+    openai_type = "invalid_request_error"

@@ -14,7 +14,7 @@ from aiohttp import hdrs, web
 from backend import oip, openai
 from backend.dataplane import DataPlane, EmbedResult
 from backend.envelope import check_content_type, server_timing, timeout_from_header
-from backend.errors import BadRequest, PayloadTooLarge
+from backend.errors import BadRequest, ClientDisconnected, PayloadTooLarge
 from backend.metrics import BackendMetrics
 
 DATAPLANE = web.AppKey("dataplane", DataPlane)
@@ -112,10 +112,6 @@ async def embeddings(request: web.Request) -> web.Response:
     )
     served = plane.get(parsed.model)
     request[MODEL_LABEL] = served.config.name
-    if len(parsed.texts) > served.max_items:
-        raise BadRequest(
-            f"too many items: {len(parsed.texts)} texts; at most {served.max_items} per request"
-        )
     if parsed.dimensions is not None and parsed.dimensions != served.config.dim:
         raise BadRequest(f"'dimensions': model {served.config.name!r} returns "
                          f"{served.config.dim}-dimensional embeddings only")
@@ -135,7 +131,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The whole body, or 413 past the app's ``client_max_size``."""
+    """The whole body (``request.read`` waits for its last byte, however it is split), or
+    413 past the app's ``client_max_size``; 400 when its content encoding is corrupt;
+    ``ClientDisconnected`` when the client leaves before sending it all."""
     # create_app gives aiohttp the same limit, so its own check (chunked bodies) agrees.
     limit = request.app[DATAPLANE].settings.client_max_size
     if request.content_length is not None and request.content_length > limit:
@@ -146,6 +144,11 @@ async def read_body(request: web.Request) -> bytes:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes") from None
+    except ConnectionResetError:  # aiohttp's word for "the connection was lost mid-body"
+        raise ClientDisconnected("client disconnected before sending the whole body") from None
+    except web.RequestPayloadError as exc:  # e.g. a gzip body that does not decompress
+        why = getattr(exc.__cause__, "message", None) or "malformed payload"
+        raise BadRequest(f"request body cannot be read: {why}") from None
 
 
 def _json_length(value: str | None) -> int | None:

@@ -51,8 +51,14 @@ class ServeSettings:
     max_batch_size: int | None = None
     max_queue_delay_ms: float | None = None
     max_queue_size: int | None = None
-    # Texts one request may carry (also capped by the model's queue size).
+    # Texts one request may carry (also capped by the model's queue size); 400 beyond it.
+    # With texts truncated to the model's max_seq_length (256 tokens for MiniLM), this is also
+    # the bound on one request's compute: at most 256 x 256 tokens, so there is no token limit.
     max_items_per_request: int = 256
+    # UTF-8 bytes of text one request may carry, all texts together (413 beyond it): bounds
+    # tokenizing and memory, which grow with the bytes although the tokens are truncated.
+    # 2 MiB is the largest ASCII request of the gateway's default policy (256 x 8192 characters).
+    max_text_bytes_per_request: int = 2 * 1024 * 1024
     # Largest request body accepted, in bytes (413 beyond it).
     client_max_size: int = 4 * 1024 * 1024
     # Deadline for requests without an X-Request-Timeout-Ms header.
@@ -80,6 +86,7 @@ class ServeSettings:
         _positive("max_batch_size", self.max_batch_size)
         _positive("max_queue_size", self.max_queue_size)
         _positive("max_items_per_request", self.max_items_per_request)
+        _positive("max_text_bytes_per_request", self.max_text_bytes_per_request)
         _positive("client_max_size", self.client_max_size)
         _positive("workers", self.workers)
         _check(

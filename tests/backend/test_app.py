@@ -1,75 +1,37 @@
 """The backend over real sockets with the real MiniLM model (ONNX Runtime on the CPU).
 
-One model session is loaded per module and shared by every app the tests start; most tests use
-one shared app. Tests that need other batching settings start their own app around the same
-session (cheap: no model load).
+One model session is loaded per test session (``conftest.py``) and shared by every app the tests
+start; most tests use one shared app. Tests that need other batching settings start their own
+app around the same session (cheap: no model load).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import struct
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 import pytest
 import pytest_asyncio
-from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client.parser import text_string_to_metric_families
+from aiohttp.test_utils import TestClient
 
-from backend.app import create_app
-from backend.model import EmbeddingModel, load_models
-from backend.settings import ServeSettings
+from backend.model import EmbeddingModel
+from tests.backend.serving import infer_body, metric, serving
 
 pytestmark = [pytest.mark.model, pytest.mark.asyncio(loop_scope="module")]
 
 LONG = "the quick brown fox jumps over the lazy dog " * 40  # past 256 tokens
 
 
-@pytest.fixture(scope="module")
-def models(models_dir: Path) -> list[EmbeddingModel]:
-    return load_models(ServeSettings(models_dir=models_dir, device="cpu"))
-
-
-@contextlib.asynccontextmanager
-async def serving(models: list[EmbeddingModel], *, wait_ready: bool = True,
-                  **overrides: Any) -> AsyncIterator[TestClient[Any, Any]]:
-    options: dict[str, Any] = {
-        "device": "cpu", "warmup_lengths": (8,), "warmup_batch_sizes": (1,),
-        "client_max_size": 1024 * 1024,
-    }
-    options.update(overrides)
-    client: TestClient[Any, Any] = TestClient(TestServer(
-        create_app(ServeSettings(**options), models=models)))
-    await client.start_server()
-    try:
-        if wait_ready:
-            for _ in range(600):
-                if (await client.get("/v2/health/ready")).status == 200:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise TimeoutError("backend never became ready")
-        yield client
-    finally:
-        await client.close()
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def client(models: list[EmbeddingModel]) -> AsyncIterator[TestClient[Any, Any]]:
     async with serving(models) as started:
         yield started
-
-
-def infer_body(texts: list[str], **extra: Any) -> dict[str, Any]:
-    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)],
-                        "data": texts}], **extra}
 
 
 async def infer(client: TestClient[Any, Any], texts: list[str], *,
@@ -108,15 +70,6 @@ async def read_answer(response: Any) -> dict[str, Any]:
 def embeddings_of(body: dict[str, Any]) -> np.ndarray[Any, np.dtype[np.float32]]:
     (output,) = [o for o in body["outputs"] if o["name"] == "embedding"]
     return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
 
 
 async def test_infer_matches_the_reference_embeddings(
