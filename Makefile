@@ -9,7 +9,7 @@ BACKEND_PORT ?= 8001
 GATEWAY_PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: run test lint bench model venv clean
+.PHONY: run test lint bench fuzz soak model venv clean
 
 venv: $(STAMP)
 
@@ -42,6 +42,14 @@ lint: $(STAMP)
 
 bench: $(STAMP) $(MODEL)
 	$(PY) -m bench all
+
+# 10,000 schemathesis cases per service (gateway, backend); FUZZ_ARGS=--cases N to change.
+fuzz: $(STAMP) $(MODEL)
+	$(PY) -m bench fuzz $(FUZZ_ARGS)
+
+# 10 minutes of mixed traffic under faults; SOAK_ARGS=--duration SECONDS to change.
+soak: $(STAMP) $(MODEL)
+	$(PY) -m bench soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) models .mypy_cache .ruff_cache .pytest_cache

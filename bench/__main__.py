@@ -1,5 +1,8 @@
 """Run benchmarks by name: ``python -m bench all|backend|gateway|cache|policy|overload``.
 
+``fuzz`` (the OpenAPI-driven fuzzer, 10,000 cases per service) and ``soak`` (10 minutes of mixed
+traffic under faults) run only by name: they are long and not part of ``all``.
+
 Each benchmark is a module ``bench.<name>`` with a ``main(argv) -> int``. Results are printed as
 Markdown tables; copy them into ``bench/RESULTS.md`` with the command that made them.
 """
@@ -11,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 ORDER = ("policy", "cache", "backend", "gateway", "overload")
+BY_NAME = ("fuzz", "soak")  # long runs, never part of "all"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -24,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ModuleNotFoundError as exc:
             if exc.name != f"bench.{bench}":
                 raise
-            print(f"bench: no benchmark named {bench!r} (have: {', '.join(ORDER)})",
+            print(f"bench: no benchmark named {bench!r} (have: {', '.join(ORDER + BY_NAME)})",
                   file=sys.stderr)
             return 2
         print(f"\n## bench {bench}\n", flush=True)
