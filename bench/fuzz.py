@@ -355,7 +355,8 @@ def services(models: Path) -> Iterator[tuple[str, str]]:
     from bench import services as svc
 
     with svc.backend(models, cores=None) as backend, svc.gateway(
-        backend.url, cores=None, settings={"admin_token": ADMIN_TOKEN, "log_level": "WARNING"},
+        backend.url, cores=None,
+        settings={"admin_token": ADMIN_TOKEN, "logging": {"level": "WARNING"}},
         name="fuzz-gateway",
     ) as gateway:
         yield backend.url, gateway.url

@@ -17,7 +17,7 @@ last one. Every process is started by this bench and stopped by its PID.
    the same pair again with a 0 ms fake backend, which shows the gateway's own share without
    the model's jitter. Rounds alternate the paths (``bench.gateway_latency``).
 3. L2-only hits vs L1 hits, wrk at ``C`` connections over 256 distinct cached texts: a gateway
-   with Redis and ``l1_max_entries=1`` (every lookup misses L1 and hits Redis) vs one with Redis
+   with Redis and ``cache.max_entries=1`` (every lookup misses L1 and hits Redis) vs one with Redis
    and the normal L1. /metrics confirms which tier answered.
 
 Targets (reported, never a failure): hits >= 0.5x nginx; added miss p50 <= 0.3 ms; L2 hits
@@ -139,7 +139,7 @@ def main(argv: list[str]) -> int:
     server, client = plan.cores.server, plan.cores.client
     hits = [Row("gateway, L1 hit"), Row("nginx proxy_cache hit"), Row("aiohttp hello-world")]
     tiers = [Row("gateway, L1 hit (Redis on, normal L1)"),
-             Row("gateway, L2 hit (Redis on, l1_max_entries=1)")]
+             Row("gateway, L2 hit (Redis on, cache.max_entries=1)")]
     probes: dict[str, Probe] = {}
     latency = MissLatency()
     stack = contextlib.ExitStack()
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
             gw_l1 = stack.enter_context(services.gateway(backend.url, cores=server,
                                                          redis_url=url, name="gateway-l1"))
             gw_l2 = stack.enter_context(services.gateway(
-                backend.url, cores=server, redis_url=url, settings={"l1_max_entries": 1},
+                backend.url, cores=server, redis_url=url, settings={"cache.max_entries": 1},
                 name="gateway-l2"))
             proxy = stack.enter_context(nginx.NginxCache(gw.host_port, cores=server))
             hello = stack.enter_context(services.hello(cores=server))

@@ -84,11 +84,12 @@ class Plan:
         return slots + self.tier_queue
 
     def settings(self) -> dict[str, int | bool]:
-        """The gateway's admission settings (its config file)."""
-        settings = {"tier_concurrency": self.tier_concurrency, "tier_queue": self.tier_queue,
+        """The gateway's admission settings (its config file), by dotted name."""
+        settings = {"admission.tier_concurrency": self.tier_concurrency,
+                    "admission.tier_queue": self.tier_queue,
                     "default_timeout_ms": self.timeout_ms}
         if self.adaptive:
-            settings["adaptive_concurrency"] = True
+            settings["admission.adaptive.enabled"] = True
         return settings
 
 

@@ -99,10 +99,11 @@ def hello(*, cores: frozenset[int] | None) -> Server:
 
 
 def gateway(backend_url: str, *, cores: frozenset[int] | None, redis_url: str | None = None,
-            settings: Mapping[str, int | float | str | bool] | None = None,
+            settings: Mapping[str, object] | None = None,
             name: str = "gateway") -> Server:
-    """``python -m gateway serve --workers 1`` in front of ``backend_url``; ``settings`` (field
-    names -> values) go in a YAML config file (``--config``) in the server's work dir."""
+    """``python -m gateway serve --workers 1`` in front of ``backend_url``; ``settings`` (nested
+    sections or dotted names -> values, as gateway/settings loads them) go in a YAML config file
+    (``--config``) in the server's work dir."""
     port = free_port()
     argv = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
             "--backend", backend_url, "--workers", "1"]

@@ -135,10 +135,11 @@ class Stack:
         tenants = {"tenants": {t: {"api_keys_sha256": [hashlib.sha256(k.encode()).hexdigest()]}
                                for t, k in self.keys.items()}}
         (self.workdir / "tenants.yaml").write_text(yaml.safe_dump(tenants))
-        config = {"backends": [self.backend_url], "redis_url": self.redis_url,
-                  "policies": str(self.policy.parent), "policy_poll_s": 0.5,
+        config = {"backends": [self.backend_url], "redis": {"url": self.redis_url},
+                  "policies": {"path": str(self.policy.parent), "poll_interval_s": 0.5},
                   "tenants_file": str(self.workdir / "tenants.yaml"), "workers": self.workers,
-                  "l1_max_entries": 2000, "health_interval_s": 0.5, "log_level": "WARNING"}
+                  "cache": {"max_entries": 2000}, "routing": {"health_interval_s": 0.5},
+                  "logging": {"level": "WARNING"}}
         (self.workdir / "gateway.yaml").write_text(yaml.safe_dump(config))
         self.start_redis()
         self.start_backend()

@@ -10,19 +10,23 @@ from collections.abc import Sequence
 def _serve_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run the gateway")
     p.add_argument("--config", help="YAML settings file (flags and GATEWAY_* env override it)")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
+    # Each flag's dest is the dotted path of the setting it sets (gateway/settings).
+    p.add_argument("--host", dest="host")
+    p.add_argument("--port", dest="port", type=int)
     p.add_argument("--backend", action="append", dest="backends", metavar="URL[@REGION/ZONE]",
                    help="a backend base URL; repeat for several")
-    p.add_argument("--redis", dest="redis_url", metavar="URL",
+    p.add_argument("--redis", dest="redis.url", metavar="URL",
                    help="L2 cache (redis:// or rediss://); none = in-process cache only")
-    p.add_argument("--policies", metavar="PATH", help="policy file or folder")
-    p.add_argument("--shadow-policies", metavar="PATH", help="candidate policy to compare")
+    p.add_argument("--policies", dest="policies.path", metavar="PATH",
+                   help="policy file or folder")
+    p.add_argument("--shadow-policies", dest="policies.shadow_path", metavar="PATH",
+                   help="candidate policy to compare")
     p.add_argument("--tenants", dest="tenants_file", metavar="FILE", help="API key -> tenant file")
-    p.add_argument("--workers", type=int, help="worker processes (default: one per core)")
-    p.add_argument("--region")
-    p.add_argument("--zone")
-    p.add_argument("--log-level")
+    p.add_argument("--workers", dest="workers", type=int,
+                   help="worker processes (default: one per core)")
+    p.add_argument("--region", dest="routing.region", metavar="REGION")
+    p.add_argument("--zone", dest="routing.zone", metavar="ZONE")
+    p.add_argument("--log-level", dest="logging.level", metavar="LEVEL")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,6 +30,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gateway import validation as check
+
 _GRADIENT_MIN, _GRADIENT_MAX = 0.5, 2.0
 _JITTER = 0.1  # probe start delayed by up to this share of the interval
 _MIN_WINDOWS_BEFORE_PROBE = 5
@@ -37,40 +39,36 @@ _MIN_WINDOWS_BEFORE_PROBE = 5
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AdaptiveSettings:
-    """The gradient controller's knobs (Envoy's names in brackets).
+    """The gradient controller's knobs (settings section ``admission.adaptive``; Envoy's names in
+    brackets). Off unless ``enabled``; ``admission.tier_concurrency`` is its ceiling."""
 
-    Attributes:
-        window_s: how often the limit is recomputed [concurrency_update_interval].
-        percentile: which percentile of a window's latencies stands for it
-            [sample_aggregate_percentile].
-        buffer: latency above minRTT tolerated before the limit falls, as a share of minRTT
-            [min_rtt_calc_params.buffer].
-        min_limit: the limit during a probe window and the floor at all times
-            [min_rtt_calc_params.min_concurrency].
-        probe_interval_s: time between minRTT probes [min_rtt_calc_params.interval].
-        probe_requests: calls a probe measures [min_rtt_calc_params.request_count].
-    """
-
+    enabled: bool = False
+    """Let each tier's limit follow backend latency instead of the fixed
+    ``admission.tier_concurrency``."""
     window_s: float = 0.1
+    """How often the limit is recomputed [concurrency_update_interval]."""
     percentile: float = 50.0
+    """Which percentile of a window's latencies stands for it, and for minRTT
+    [sample_aggregate_percentile]."""
     buffer: float = 0.25
+    """Latency above minRTT tolerated before the limit falls, as a share of minRTT
+    [min_rtt_calc_params.buffer]."""
     min_limit: int = 3
+    """The limit during a probe window and the floor at all times
+    [min_rtt_calc_params.min_concurrency]."""
     probe_interval_s: float = 30.0
+    """Time between minRTT probes, plus up to 10% jitter [min_rtt_calc_params.interval]."""
     probe_requests: int = 50
+    """Calls a probe measures [min_rtt_calc_params.request_count]."""
 
     def __post_init__(self) -> None:
-        for name in ("window_s", "probe_interval_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ValueError(f"adaptive {name} must be a finite number > 0, got {value!r}")
-        if not (isinstance(self.percentile, int | float) and 0 < self.percentile <= 100):
-            raise ValueError(f"adaptive percentile must be in (0, 100], got {self.percentile!r}")
-        if not (isinstance(self.buffer, int | float) and 0 <= self.buffer <= 10):
-            raise ValueError(f"adaptive buffer must be between 0 and 10, got {self.buffer!r}")
-        for name in ("min_limit", "probe_requests"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"adaptive {name} must be an integer >= 1, got {value!r}")
+        check.boolean("enabled", self.enabled)
+        check.positive("window_s", self.window_s)
+        check.between("percentile", self.percentile, 0, 100, open_low=True)
+        check.between("buffer", self.buffer, 0, 10)
+        check.at_least("min_limit", self.min_limit, 1)
+        check.positive("probe_interval_s", self.probe_interval_s)
+        check.at_least("probe_requests", self.probe_requests, 1)
 
 
 class GradientLimit:
@@ -84,9 +82,7 @@ class GradientLimit:
 
     def __init__(self, settings: AdaptiveSettings, max_limit: int, *,
                  clock: Callable[[], float], rng: random.Random | None = None) -> None:
-        if max_limit < settings.min_limit:
-            raise ValueError(f"tier_concurrency ({max_limit}) must be >= the adaptive "
-                             f"min_limit ({settings.min_limit})")
+        # max_limit >= settings.min_limit: AdmissionSettings, where both come from, checks it.
         self._settings = settings
         self._clock = clock
         self._rng = rng or random.Random()

@@ -12,9 +12,10 @@ A request either gets a slot at once, waits in its tier's queue, or is shed at o
 Memory stays bounded: the queue never holds more than ``tier_queue`` waiters per tier. Each
 tier's service time is an EWMA of how long slots are held, fed by ``Slot.release``.
 
-The limit is ``tier_concurrency``, or with ``RoutingSettings.adaptive`` set, a per-tier
-``GradientLimit`` (gateway/adaptive.py) moving under that ceiling with the latency the tier's
-calls show; when it rises, queued requests are granted at once.
+The limit is ``tier_concurrency``, or with ``adaptive.enabled``, a per-tier ``GradientLimit``
+(gateway/adaptive.py) moving under that ceiling with the latency the tier's calls show; when it
+rises, queued requests are granted at once. ``AdmissionSettings`` is the settings section
+``admission``.
 """
 
 from __future__ import annotations
@@ -24,14 +25,38 @@ import collections
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import TracebackType
 
-from gateway.adaptive import GradientLimit
+from gateway import validation as check
+from gateway.adaptive import AdaptiveSettings, GradientLimit
 from gateway.errors import DeadlineExceeded, Overloaded
 from gateway.observe import NullObserver, Observer
-from gateway.routing.config import RoutingSettings
+from gateway.validation import SettingsError
 
 _ALPHA = 0.2  # weight of the newest service-time sample
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AdmissionSettings:
+    """How many backend calls each locality tier lets through, and how many wait (settings
+    section ``admission``). Each worker process keeps its own counts."""
+
+    tier_concurrency: int = 64
+    """Backend calls in flight per tier before requests queue; with ``adaptive.enabled``, the
+    ceiling the adaptive limit moves under."""
+    tier_queue: int = 256
+    """Requests that may wait per tier; more are shed at once (503 with Retry-After)."""
+    adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)
+    """The adaptive concurrency limit per tier (gateway/adaptive.py), off by default."""
+
+    def __post_init__(self) -> None:
+        check.at_least("tier_concurrency", self.tier_concurrency, 1)
+        check.at_least("tier_queue", self.tier_queue, 0)
+        if self.adaptive.enabled and self.adaptive.min_limit > self.tier_concurrency:
+            raise SettingsError(
+                f"adaptive.min_limit: must be at most tier_concurrency ({self.tier_concurrency}),"
+                f" the adaptive limit's ceiling (got {self.adaptive.min_limit})")
 
 
 class _TierQueue:
@@ -94,14 +119,14 @@ class Admission:
 
     def __init__(
         self,
-        settings: RoutingSettings,
+        settings: AdmissionSettings,
         *,
         observer: Observer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._limit = settings.tier_concurrency
         self._queue_limit = settings.tier_queue
-        self._adaptive = settings.adaptive
+        self._adaptive = settings.adaptive if settings.adaptive.enabled else None
         self._observer: Observer = observer or NullObserver()
         self.clock = clock
         self._tiers: dict[str, _TierQueue] = {}

@@ -19,11 +19,9 @@ from prometheus_client import CollectorRegistry
 
 from gateway import openapi, ops_routes, state
 from gateway.adapters.render import FragmentCache
-from gateway.adaptive import AdaptiveSettings
 from gateway.admission import Admission
 from gateway.cache.memory import MemoryCache
 from gateway.cache.redis import RedisCache
-from gateway.cache.settings import RedisSettings
 from gateway.cache.tiered import TieredCache
 from gateway.handlers import oip, openai, ops
 from gateway.metrics import GatewayMetrics
@@ -32,39 +30,12 @@ from gateway.observe import MetricsObserver
 from gateway.pipeline import Pipeline
 from gateway.policy.store import PolicyStore
 from gateway.routing.balancer import Router
-from gateway.routing.config import BackendSpec, RoutingSettings
 from gateway.routing.health import HealthChecker
-from gateway.settings import Settings, SettingsError
+from gateway.settings import Settings
 from gateway.tenants import Tenants
 from gateway.upstream import AiohttpTransport, Upstream
 
 log = logging.getLogger("gateway")
-
-
-def routing_settings(settings: Settings) -> RoutingSettings:
-    return RoutingSettings(
-        region=settings.region, zone=settings.zone,
-        health_interval_s=settings.health_interval_s,
-        eject_after_failures=settings.eject_after_failures,
-        connect_timeout_s=settings.connect_timeout_ms / 1000.0,
-        read_timeout_s=settings.read_timeout_ms / 1000.0,
-        pool_size=settings.pool_size, hedge_after_p95=settings.hedge,
-        tier_concurrency=settings.tier_concurrency, tier_queue=settings.tier_queue,
-        default_timeout_ms=settings.default_timeout_ms, models=settings.models,
-        adaptive=adaptive_settings(settings),
-    )
-
-
-def adaptive_settings(settings: Settings) -> AdaptiveSettings | None:
-    """The adaptive limit's settings, or None when ``adaptive_concurrency`` is off."""
-    if not settings.adaptive_concurrency:
-        return None
-    return AdaptiveSettings(
-        window_s=settings.adaptive_window_ms / 1000.0, percentile=settings.adaptive_percentile,
-        buffer=settings.adaptive_buffer, min_limit=settings.adaptive_min_limit,
-        probe_interval_s=settings.adaptive_probe_interval_s,
-        probe_requests=settings.adaptive_probe_requests,
-    )
 
 
 def _policy_paths(spec: str | None) -> list[Path]:
@@ -83,8 +54,7 @@ def create_app(
 
     ``clock`` is the wall clock entries are aged by (tests pass their own).
     """
-    if not settings.backends:
-        raise SettingsError("backends: at least one backend URL is required (--backend URL)")
+    settings.require_backends()
     metrics = GatewayMetrics(registry)
     app = web.Application(
         middlewares=[make_error_middleware(metrics)],
@@ -99,23 +69,15 @@ def create_app(
         Tenants.load(Path(settings.tenants_file)) if settings.tenants_file else Tenants.public()
     )
     policies = PolicyStore(
-        _policy_paths(settings.policies), metrics=metrics,
-        shadow_paths=_policy_paths(settings.shadow_policies) or None,
-        poll_interval_s=settings.policy_poll_s,
+        _policy_paths(settings.policies.path), metrics=metrics,
+        shadow_paths=_policy_paths(settings.policies.shadow_path) or None,
+        poll_interval_s=settings.policies.poll_interval_s,
     )
     app[state.POLICIES] = policies
-    rsettings = routing_settings(settings)
-    specs = [BackendSpec(url=b.url, region=b.region, zone=b.zone) for b in settings.backends]
-    router = Router(specs, rsettings, observer=observer)
+    router = Router(settings.backends, settings.routing, observer=observer)
     app[state.ROUTER] = router
-    l1 = MemoryCache(max_entries=settings.l1_max_entries, max_bytes=settings.l1_max_bytes,
-                     clock=clock)
-    l2 = None
-    if settings.redis_url:
-        l2 = RedisCache(RedisSettings(
-            url=settings.redis_url, timeout_s=settings.redis_timeout_ms / 1000.0,
-            key_prefix=settings.redis_key_prefix, cluster=settings.redis_cluster,
-        ), observer=observer)
+    l1 = MemoryCache.from_settings(settings.cache, clock)
+    l2 = RedisCache(settings.redis, observer=observer) if settings.redis.url else None
     cache = TieredCache(l1, l2, observer=observer)
     app[state.CACHE] = cache
     app[state.FRAGMENTS] = FragmentCache()
@@ -143,20 +105,21 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         settings = app[state.SETTINGS]
         router = app[state.ROUTER]
-        rsettings = routing_settings(settings)
-        transport = AiohttpTransport.create(pool_size=rsettings.pool_size,
-                                            connect_timeout_s=rsettings.connect_timeout_s)
+        transport = AiohttpTransport.create(pool_size=settings.routing.pool_size,
+                                            connect_timeout_s=settings.routing.connect_timeout_s)
         policies = app[state.POLICIES]
         await policies.reload()
         await policies.start()
-        admission = Admission(rsettings, observer=app[state.OBSERVER])
-        upstream = Upstream(transport, router, admission, rsettings, observer=app[state.OBSERVER])
+        admission = Admission(settings.admission, observer=app[state.OBSERVER])
+        upstream = Upstream(transport, router, admission, settings.routing,
+                            observer=app[state.OBSERVER])
         app[state.UPSTREAM] = upstream
-        health = HealthChecker(router, transport.session, rsettings)
+        health = HealthChecker(router, transport.session, settings.routing,
+                               models=settings.models)
         await health.start()
         pipeline = Pipeline(policies=policies, cache=app[state.CACHE], upstream=upstream,
                             model_version=router.model_version, observer=app[state.OBSERVER],
-                            clock=clock, log_request_text=settings.log_request_text)
+                            clock=clock, log_request_text=settings.logging.request_text)
         app[state.PIPELINE] = pipeline
         loop = asyncio.get_running_loop()
         if handle_signals:

@@ -20,7 +20,7 @@ def register(app: web.Application) -> None:
     if state.STATS not in app:
         app[state.STATS] = Stats(
             app[state.METRICS].registry, router=app[state.ROUTER], policies=app[state.POLICIES],
-            redis=app[state.SETTINGS].redis_url is not None,
+            redis=app[state.SETTINGS].redis.url is not None,
         )
     app.router.add_get("/dashboard", dashboard.page_handler(dashboard.load_page()))
     app.router.add_get("/dashboard/stats.json", dashboard.stats_json)

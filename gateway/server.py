@@ -37,28 +37,28 @@ from gateway.errors import (
 )
 from gateway.logs import setup_logging
 from gateway.middleware import error_response, new_request_id
-from gateway.settings import Settings, SettingsError, load_settings
+from gateway.settings import Settings, SettingsError, load_settings, settings_fields
 
 log = logging.getLogger("gateway.server")
 http_log = logging.getLogger("gateway.http")
 _TOO_MANY_HEADERS = "Too many headers received"  # aiohttp's BadHttpMessage text for max_headers
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("host", "port", "backends", "redis_url", "policies", "shadow_policies",
-            "tenants_file", "workers", "region", "zone", "log_level")
-    return {k: getattr(args, k, None) for k in keys}
+def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the command line gave: each flag's ``dest`` is a setting's dotted path
+    (``--redis`` -> ``redis.url``); flags not given are None and left out."""
+    paths = {s.path for s in settings_fields()}
+    return {k: v for k, v in vars(args).items() if k in paths and v is not None}
 
 
 def serve(args: argparse.Namespace) -> int:
     try:
-        settings = load_settings(args.config, _overrides(args))
-        if not settings.backends:
-            raise SettingsError("backends: at least one backend is required (--backend URL)")
+        settings = load_settings(args.config, flag_overrides(args))
+        settings.require_backends()
     except SettingsError as exc:
         print(f"gateway: invalid settings: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level)
+    setup_logging(settings.logging.level)
     workers = settings.workers or (os.cpu_count() or 1)
     if workers == 1:
         return run_worker(settings, reuse_port=False)
@@ -69,7 +69,7 @@ def run_worker(settings: Settings, *, reuse_port: bool) -> int:
     """Run one gateway process until SIGTERM/SIGINT."""
     from gateway.app import create_app
 
-    setup_logging(settings.log_level)
+    setup_logging(settings.logging.level)
     try:
         import uvloop
 

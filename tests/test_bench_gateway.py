@@ -22,6 +22,7 @@ from bench.gateway_probe import Probe, server_timing
 from bench.loadgen import Reply
 from bench.procs import Service, busy_seconds
 from bench.slow_backend import SlowBackend
+from gateway.settings import load_settings
 
 WRKJSON = ('WRKJSON {"requests": 1000, "duration_us": 2000000, "bytes": 5000, "connect": 0, '
            '"read": 1, "write": 0, "status": 3, "timeout": 2, "p50": 1500, "p90": 2000, '
@@ -132,8 +133,10 @@ def test_outside_p50_subtracts_backend_time_per_request() -> None:
 def test_overload_defaults_give_a_small_queue() -> None:
     plan = overload.parse([])
     assert (plan.tier_concurrency, plan.tier_queue) == (4, 1)
-    assert plan.settings() == {"tier_concurrency": 4, "tier_queue": 1,
+    assert plan.settings() == {"admission.tier_concurrency": 4, "admission.tier_queue": 1,
                                "default_timeout_ms": 1000}
+    loaded = load_settings(None, plan.settings(), environ={})  # what the gateway will run with
+    assert (loaded.admission.tier_concurrency, loaded.admission.tier_queue) == (4, 1)
     quick = overload.parse(["--quick", "--slots", "8"])
     assert (quick.rounds, quick.tier_concurrency, quick.tier_queue) == (1, 8, 2)
 
@@ -141,7 +144,8 @@ def test_overload_defaults_give_a_small_queue() -> None:
 def test_overload_adaptive_plan() -> None:
     plan = overload.parse(["--adaptive"])
     assert plan.adaptive and (plan.tier_concurrency, plan.tier_queue, plan.clients) == (64, 1, 5)
-    assert plan.settings()["adaptive_concurrency"] is True
+    assert plan.settings()["admission.adaptive.enabled"] is True
+    assert load_settings(None, plan.settings(), environ={}).admission.adaptive.enabled
     assert overload.parse(["--no-realtime"]).realtime is False
 
 

@@ -78,11 +78,12 @@ def parse_command(argv: list[str]) -> tuple[str, argparse.Namespace]:
 
 
 def gateway_settings(args: argparse.Namespace, environ: dict[str, str]) -> Any:
-    from gateway.settings import Settings, load_settings
+    """The settings ``python -m gateway serve`` would start with: its flags as the server maps
+    them, the config file, and ``environ``."""
+    from gateway.server import flag_overrides
+    from gateway.settings import load_settings
 
-    fields = {f.name for f in dataclasses.fields(Settings)}
-    flags = {k: v for k, v in vars(args).items() if k in fields}
-    return load_settings(getattr(args, "config", None), flags, environ=environ)
+    return load_settings(getattr(args, "config", None), flag_overrides(args), environ=environ)
 
 
 def backend_settings(args: argparse.Namespace) -> Any:
@@ -201,8 +202,8 @@ def test_compose_commands_are_real_and_consistent(compose: dict[str, Any]) -> No
     env = {k: "" if v.startswith("${") else v for k, v in env.items()}
     settings = gateway_settings(args, env)
     assert settings.workers == 2
-    assert settings.redis_url == "redis://redis:6379/0" and "redis" in services
-    assert (settings.region, settings.zone) == ("eu", "eu-1a")
+    assert settings.redis.url == "redis://redis:6379/0" and "redis" in services
+    assert (settings.routing.region, settings.routing.zone) == ("eu", "eu-1a")
     assert settings.host == "0.0.0.0"
     assert f"{settings.port}:{settings.port}" in gw["ports"]
     seen = {}
@@ -215,10 +216,11 @@ def test_compose_commands_are_real_and_consistent(compose: dict[str, Any]) -> No
     assert seen == {"backend-a": "eu-1a", "backend-b": "eu-1b"}
     assert set(gw["depends_on"]) == {"redis", "backend-a", "backend-b"}
     # The image puts policies/ at /app/policies (Dockerfile).
-    assert settings.policies is not None and settings.policies.startswith("/app/policies/")
+    policies = settings.policies.path
+    assert policies is not None and policies.startswith("/app/policies/")
     from gateway.policy.loader import load_policy
 
-    load_policy([REPO / "policies" / settings.policies.removeprefix("/app/policies/")])
+    load_policy([REPO / "policies" / policies.removeprefix("/app/policies/")])
 
 
 def test_compose_health_checks_use_real_routes(compose: dict[str, Any]) -> None:
@@ -421,14 +423,14 @@ def test_k8s_gateway_config_and_policies_load(tmp_path: Path) -> None:
         env[var["name"]] = secret[ref["key"]]
     args.config = str(config)
     settings = gateway_settings(args, env)
-    assert settings.admin_token and settings.redis_url and settings.redis_cluster
-    assert settings.redis_url.startswith("rediss://")
+    assert settings.admin_token and settings.redis.url and settings.redis.cluster
+    assert settings.redis.url.startswith("rediss://")
     assert settings.port == gw["ports"][0]["containerPort"]
     service = urlsplit(settings.backends[0].url)
     assert service.hostname is not None and service.hostname.startswith("backend.")
     assert service.port == _container("backend")["ports"][0]["containerPort"]
     # The policies folder is the policies ConfigMap, and what it holds is a valid policy.
-    policy_mount = mounts[settings.policies]
+    policy_mount = mounts[settings.policies.path]
     policies = k8s("ConfigMap", volumes[policy_mount["name"]]["configMap"]["name"])["data"]
     folder = tmp_path / "policies"
     folder.mkdir()

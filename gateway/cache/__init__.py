@@ -9,18 +9,18 @@ from gateway.cache.breaker import BreakerState, CircuitBreaker
 from gateway.cache.entry import CacheCorrupt, CacheError, Entry
 from gateway.cache.memory import MemoryCache, MemoryStats
 from gateway.cache.redis import RedisCache
-from gateway.cache.settings import L1Settings, RedisSettings
+from gateway.cache.settings import CacheSettings, RedisSettings
 from gateway.cache.tiered import TieredCache
 
 __all__ = [
     "BreakerState",
     "CacheCorrupt",
     "CacheError",
+    "CacheSettings",
     "CacheTier",
     "CacheUnavailable",
     "CircuitBreaker",
     "Entry",
-    "L1Settings",
     "MemoryCache",
     "MemoryStats",
     "RedisCache",

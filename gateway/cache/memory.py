@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 from gateway.cache.entry import Entry
-from gateway.cache.settings import L1Settings
+from gateway.cache.settings import CacheSettings
 from gateway.keys import CacheKey, scope_tag
 
 #: Rough per-entry cost beyond the value and meta bytes (key, Entry object, dict node), so that
@@ -48,10 +48,7 @@ class MemoryCache:
     def __init__(
         self, max_entries: int, max_bytes: int, clock: Callable[[], float] = time.time
     ) -> None:
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
-        if max_bytes < 1:
-            raise ValueError(f"max_bytes must be at least 1, got {max_bytes}")
+        # Bounds are CacheSettings' to check (settings section ``cache``).
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.clock = clock
@@ -64,7 +61,7 @@ class MemoryCache:
 
     @classmethod
     def from_settings(
-        cls, settings: L1Settings, clock: Callable[[], float] = time.time
+        cls, settings: CacheSettings, clock: Callable[[], float] = time.time
     ) -> MemoryCache:
         return cls(settings.max_entries, settings.max_bytes, clock)
 

@@ -1,110 +1,104 @@
-"""Typed, validated settings for the two cache tiers.
+"""The cache sections of the gateway's settings: ``cache`` (the in-process tier) and ``redis``.
 
-Both are frozen, keyword-only value objects. Validation raises ``ValueError`` naming the field and
-what would be accepted, so a bad config file or environment variable stops start-up with a message
-a person can act on. Environment overrides (``GATEWAY_`` prefix) are applied by the gateway's own
-settings loader, which builds these.
+Frozen, keyword-only value objects that validate their own fields on construction (with the
+checks of ``gateway/validation.py``); the gateway's settings loader builds them from the config
+file, flags and ``GATEWAY_CACHE_*`` / ``GATEWAY_REDIS_*`` environment variables, and
+``create_app`` hands them to ``MemoryCache`` and ``RedisCache`` as they are. Each field's
+docstring is its reference.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
+
+from gateway import validation as check
+from gateway.validation import SettingsError
 
 MiB = 1024 * 1024
 
 #: URL schemes accepted for ``RedisSettings.url``; the ``+cluster`` forms select Redis Cluster.
-_SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
+_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 #: Glob characters are refused in the key prefix so purge patterns (SCAN MATCH) stay exact.
 _PREFIX_FORBIDDEN = set("*?[]\\ \t\r\n")
 
 
-def _positive(name: str, value: float, *, upper: float | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be greater than 0, got {value!r}")
-    if upper is not None and value > upper:
-        raise ValueError(f"{name} must be at most {upper}, got {value!r}")
-
-
-def _positive_int(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class L1Settings:
-    """The in-process LRU tier.
+class CacheSettings:
+    """The in-process LRU tier each worker process keeps (settings section ``cache``).
 
-    max_entries: most entries kept; the least recently used go first beyond it.
-    max_bytes: most bytes kept (values + metadata + a fixed per-entry overhead).
+    A tier shared by the worker processes of a node would get its own subsection here
+    (``cache.node``) beside these bounds.
     """
 
     max_entries: int = 100_000
+    """Most entries kept; the least recently used go first beyond it."""
     max_bytes: int = 256 * MiB
+    """Most bytes kept (values, metadata and a fixed per-entry overhead)."""
 
     def __post_init__(self) -> None:
-        _positive_int("max_entries", self.max_entries)
-        _positive_int("max_bytes", self.max_bytes)
+        check.at_least("max_entries", self.max_entries, 1)
+        check.at_least("max_bytes", self.max_bytes, 1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RedisSettings:
-    """The shared Redis tier (L2).
+    """The shared Redis tier, L2 (settings section ``redis``); off while ``url`` is unset."""
 
-    url: ``redis://[user:pass@]host:port/db``, ``rediss://`` for TLS, ``unix:///path``; the
-        ``redis+cluster://`` / ``rediss+cluster://`` forms select Redis Cluster like ``cluster``.
-    timeout_s: budget for one command's reads and writes; a slower Redis counts as a failure.
-    connect_timeout_s: budget for a TCP (+TLS) connect. A request-path operation never waits
-        longer than ``timeout_s + connect_timeout_s`` in all.
-    failure_threshold: consecutive failures that open the circuit breaker.
-    open_s: how long the circuit stays open (Redis skipped) before one probe is let through.
-    key_prefix: first part of every key (``{prefix}:{model}:{scope_tag}:{digest}``); bump its
-        version when the stored format changes. No glob characters or whitespace.
-    cluster: use the Redis Cluster client (slot-aware MGET, per-node SCAN).
-    max_connections: connection pool size; callers wait (within the timeout) when all are busy.
-    """
-
-    url: str
-    timeout_s: float = 0.1
-    connect_timeout_s: float = 0.25
-    failure_threshold: int = 3
-    open_s: float = 2.0
-    key_prefix: str = "gw:v1"
+    url: str | None = None
+    """``redis://[user:pass@]host:port/db``, ``rediss://`` for TLS, ``unix:///path``; the
+    ``redis+cluster://`` / ``rediss+cluster://`` forms select Redis Cluster like ``cluster``.
+    Unset: no Redis tier, the in-process cache only."""
     cluster: bool = False
+    """Use the Redis Cluster client (slot-aware MGET, per-node SCAN); ``url`` is any seed."""
+    timeout_s: float = 0.1
+    """Budget for one command's reads and writes; past it the lookup is a miss and counts as a
+    failure (never an error to the client)."""
+    connect_timeout_s: float = 0.25
+    """Budget for a TCP (+TLS) connect. A request-path operation never waits longer than
+    ``timeout_s + connect_timeout_s`` in all."""
+    failure_threshold: int = 3
+    """Consecutive failures that open the circuit breaker (Redis is then skipped)."""
+    open_s: float = 2.0
+    """How long the breaker stays open before one probe is let through."""
+    key_prefix: str = "gw:v1"
+    """First part of every key (``{prefix}:{model}:{scope_tag}:{digest}``); bump its version
+    when the stored format changes. No glob characters or whitespace."""
     max_connections: int = 64
+    """Connection pool size; callers wait (within ``timeout_s``) when all are busy."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or not self.url:
-            raise ValueError("url must be a Redis URL such as redis://127.0.0.1:6379/0")
-        scheme = urlsplit(self.url).scheme
-        if scheme not in _SCHEMES:
-            raise ValueError(
-                f"url scheme must be one of {sorted(_SCHEMES)}, got {scheme or 'none'!r}"
+        if self.url is not None:
+            if not isinstance(self.url, str) or not self.url:
+                raise SettingsError("url: must be a Redis URL such as redis://127.0.0.1:6379/0 "
+                                    "(leave it unset for no Redis tier)")
+            scheme = urlsplit(self.url).scheme
+            if scheme not in _SCHEMES:
+                raise SettingsError(f"url: the scheme must be one of {', '.join(_SCHEMES)} "
+                                    f"(got {scheme or 'none'!r})")
+        check.boolean("cluster", self.cluster)
+        check.positive("timeout_s", self.timeout_s, upper=30.0)
+        check.positive("connect_timeout_s", self.connect_timeout_s, upper=60.0)
+        check.at_least("failure_threshold", self.failure_threshold, 1)
+        check.positive("open_s", self.open_s, upper=3600.0)
+        if (not isinstance(self.key_prefix, str) or not self.key_prefix
+                or _PREFIX_FORBIDDEN & set(self.key_prefix)):
+            raise SettingsError(
+                "key_prefix: must be non-empty, without whitespace or any of * ? [ ] \\ "
+                f"(got {self.key_prefix!r})"
             )
-        _positive("timeout_s", self.timeout_s, upper=30.0)
-        _positive("connect_timeout_s", self.connect_timeout_s, upper=60.0)
-        _positive_int("failure_threshold", self.failure_threshold)
-        _positive("open_s", self.open_s, upper=3600.0)
-        _positive_int("max_connections", self.max_connections)
-        if not isinstance(self.cluster, bool):
-            raise ValueError(f"cluster must be true or false, got {self.cluster!r}")
-        if not self.key_prefix or _PREFIX_FORBIDDEN & set(self.key_prefix):
-            raise ValueError(
-                "key_prefix must be non-empty, without whitespace or any of * ? [ ] \\, "
-                f"got {self.key_prefix!r}"
-            )
+        check.at_least("max_connections", self.max_connections, 1)
 
     @property
     def is_cluster(self) -> bool:
         """True when ``cluster`` is set or the URL scheme says ``+cluster``."""
-        return self.cluster or urlsplit(self.url).scheme.endswith("+cluster")
+        return self.cluster or urlsplit(self.url or "").scheme.endswith("+cluster")
 
     @property
     def client_url(self) -> str:
         """The URL as redis-py expects it (the ``+cluster`` marker removed)."""
+        if self.url is None:
+            raise SettingsError("url: not set, so there is no Redis tier to connect to")
         parts = urlsplit(self.url)
         if parts.scheme.endswith("+cluster"):
             parts = parts._replace(scheme=parts.scheme.removesuffix("+cluster"))
@@ -112,17 +106,16 @@ class RedisSettings:
 
     def __repr__(self) -> str:
         # The URL may carry a password; settings get logged at start-up.
-        parts = urlsplit(self.url)
         url = self.url
-        if parts.password is not None:
+        parts = urlsplit(url or "")
+        if url is not None and parts.password is not None:
             netloc = f"{parts.username or ''}:***@{parts.hostname or ''}"
             if parts.port is not None:
                 netloc += f":{parts.port}"
             url = urlunsplit(parts._replace(netloc=netloc))
         return (
-            f"RedisSettings(url={url!r}, timeout_s={self.timeout_s}, "
+            f"RedisSettings(url={url!r}, cluster={self.is_cluster}, timeout_s={self.timeout_s}, "
             f"connect_timeout_s={self.connect_timeout_s}, "
             f"failure_threshold={self.failure_threshold}, open_s={self.open_s}, "
-            f"key_prefix={self.key_prefix!r}, cluster={self.is_cluster}, "
-            f"max_connections={self.max_connections})"
+            f"key_prefix={self.key_prefix!r}, max_connections={self.max_connections})"
         )

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import aiohttp
 import orjson
@@ -64,11 +64,13 @@ class HealthChecker:
         session: aiohttp.ClientSession,
         settings: RoutingSettings,
         *,
+        models: Sequence[str],
         on_version_change: VersionCallback | None = None,
     ) -> None:
         self._router = router
         self._session = session
         self._settings = settings
+        self._models = tuple(models)  # whose versions to read from each backend
         self._on_version_change = on_version_change
         self._timeout = aiohttp.ClientTimeout(total=settings.health_timeout_s)
         self._task: asyncio.Task[None] | None = None
@@ -99,7 +101,7 @@ class HealthChecker:
 
     async def check_once(self) -> None:
         """Probe every backend concurrently and apply the verdicts."""
-        models = self._settings.models
+        models = self._models
         before = {m: self._router.model_version(m) for m in models}
         await asyncio.gather(*(self._check(state) for state in self._router.states))
         self._router.refresh_gauges()
@@ -119,7 +121,7 @@ class HealthChecker:
         if probe is _Probe.OK:
             state.health_failures = 0
             versions = dict(state.model_versions)
-            for model in self._settings.models:
+            for model in self._models:
                 found = await self._version(state, model)
                 if found is None:
                     versions.pop(model, None)

@@ -97,12 +97,15 @@ GatewayFactory = Callable[..., Any]
 
 @pytest.fixture
 async def gateway(backend: BackendProc, aiohttp_client: Any) -> AsyncIterator[GatewayFactory]:
-    """Factory: ``await gateway(redis_url=..., policies=...)`` -> an aiohttp TestClient."""
+    """Factory: ``await gateway(redis={"url": ...}, policies={"path": ...})`` -> an aiohttp
+    TestClient. Overrides are settings as ``load_settings`` takes them: top-level names, whole
+    sections as mappings (merged with the fixture's defaults, not replacing them), or dotted
+    names given as ``**{"routing.read_timeout_s": 2}``."""
     clients: list[TestClient[Any, Any]] = []
 
     async def make(*, tenants: Tenants | None = None, clock: Callable[[], float] = time.time,
                    **overrides: Any) -> TestClient[Any, Any]:
-        values: dict[str, Any] = {"backends": [backend.url], "health_interval_s": 0.5}
+        values: dict[str, Any] = {"backends": [backend.url], "routing.health_interval_s": 0.5}
         values.update(overrides)
         settings = load_settings(None, values, environ={})
         app = create_app(settings, registry=CollectorRegistry(), tenants=tenants, clock=clock)

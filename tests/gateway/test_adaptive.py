@@ -19,13 +19,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.adaptive import AdaptiveSettings, GradientLimit
-from gateway.admission import Admission
-from gateway.app import adaptive_settings
+from gateway.admission import Admission, AdmissionSettings
 from gateway.errors import Overloaded
 from gateway.metrics import GatewayMetrics
 from gateway.observe import MetricsObserver
-from gateway.routing import RoutingSettings
-from gateway.settings import Settings, SettingsError
+from gateway.settings import SettingsError, load_settings
 from tests.gateway.routing.oip_fake import FakeBackend
 from tests.gateway.upstream_rig import Build
 
@@ -163,32 +161,42 @@ def test_five_windows_at_the_floor_start_a_probe() -> None:
     ({"buffer": -0.1}, "buffer"),
     ({"min_limit": 0}, "min_limit"),
     ({"probe_requests": 0}, "probe_requests"),
+    ({"enabled": "yes"}, "enabled"),
 ])
 def test_bad_adaptive_settings_name_the_field(knobs: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         AdaptiveSettings(**knobs)
 
 
-def test_gateway_settings_map_and_validate() -> None:
-    assert adaptive_settings(Settings()) is None
-    mapped = adaptive_settings(Settings(adaptive_concurrency=True, adaptive_window_ms=250,
-                                        adaptive_min_limit=2, adaptive_percentile=90))
-    assert mapped == AdaptiveSettings(window_s=0.25, min_limit=2, percentile=90.0)
-    with pytest.raises(SettingsError, match="adaptive_min_limit"):
-        Settings(adaptive_concurrency=True, tier_concurrency=2, adaptive_min_limit=3)
-    with pytest.raises(SettingsError, match="adaptive_buffer"):
-        Settings(adaptive_buffer=11)
+def test_gateway_settings_load_the_section_and_validate() -> None:
+    assert load_settings(None, None, environ={}).admission.adaptive.enabled is False
+    loaded = load_settings(None, {"admission": {"adaptive": {
+        "enabled": True, "window_s": 0.25, "min_limit": 2, "percentile": 90}}}, environ={})
+    assert loaded.admission.adaptive == AdaptiveSettings(enabled=True, window_s=0.25,
+                                                         min_limit=2, percentile=90.0)
+    with pytest.raises(SettingsError,
+                       match=r"^admission\.adaptive\.min_limit: .*tier_concurrency \(2\)"):
+        load_settings(None, {"admission": {"tier_concurrency": 2,
+                                           "adaptive": {"enabled": True, "min_limit": 3}}},
+                      environ={})
+    with pytest.raises(SettingsError,
+                       match=r"^admission\.adaptive\.buffer: must be between 0 and 10"):
+        load_settings(None, {"admission.adaptive.buffer": 11}, environ={})
     with pytest.raises(ValueError, match="tier_concurrency"):
-        RoutingSettings(tier_concurrency=2, adaptive=AdaptiveSettings(min_limit=3))
+        AdmissionSettings(tier_concurrency=2,
+                          adaptive=AdaptiveSettings(enabled=True, min_limit=3))
+    # Off, the floor is not held against a ceiling it does not use.
+    assert AdmissionSettings(tier_concurrency=2,
+                             adaptive=AdaptiveSettings(min_limit=3)).tier_concurrency == 2
 
 
 async def test_admission_grants_queued_requests_when_the_limit_rises() -> None:
     clock = Clock()
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
-    settings = RoutingSettings(
+    settings = AdmissionSettings(
         tier_concurrency=16, tier_queue=8,
-        adaptive=AdaptiveSettings(min_limit=1, probe_requests=1, window_s=0.01))
+        adaptive=AdaptiveSettings(enabled=True, min_limit=1, probe_requests=1, window_s=0.01))
     admission = Admission(settings, observer=MetricsObserver(metrics), clock=clock)
     deadline = clock.now + 60.0
     assert admission.limit("zone") == 1
@@ -223,7 +231,7 @@ async def test_admission_grants_queued_requests_when_the_limit_rises() -> None:
 
 async def test_fixed_limit_is_reported_too() -> None:
     registry = CollectorRegistry()
-    admission = Admission(RoutingSettings(tier_concurrency=7),
+    admission = Admission(AdmissionSettings(tier_concurrency=7),
                           observer=MetricsObserver(GatewayMetrics(registry)))
     slot = await admission.acquire("zone", deadline=time.monotonic() + 5)
     assert admission.limit("zone") == 7 and admission.adaptive("zone") is None
@@ -233,7 +241,7 @@ async def test_fixed_limit_is_reported_too() -> None:
 
 async def drive(build: Build, backend: FakeBackend, *, clients: int, seconds: float) -> Any:
     rig = await build([(backend, "a")], tier_concurrency=64, tier_queue=256,
-                      adaptive=AdaptiveSettings(window_s=0.05, probe_requests=10))
+                      adaptive=AdaptiveSettings(enabled=True, window_s=0.05, probe_requests=10))
     stop = time.monotonic() + seconds
     shed = 0
 

@@ -38,8 +38,8 @@ rules:
 async def ops_client(aiohttp_client: Any, backend: BackendProc, *, tenants: Tenants | None = None,
                      **overrides: Any) -> TestClient[Any, Any]:
     """A gateway on a real socket with the ops routes registered (until create_app does it)."""
-    values: dict[str, Any] = {"backends": [backend.url], "health_interval_s": 0.5,
-                              "admin_token": TOKEN, "policy_poll_s": 3600.0}
+    values: dict[str, Any] = {"backends": [backend.url], "routing.health_interval_s": 0.5,
+                              "admin_token": TOKEN, "policies.poll_interval_s": 3600.0}
     values.update(overrides)
     app = create_app(load_settings(None, values, environ={}), registry=CollectorRegistry(),
                      tenants=tenants)
@@ -151,7 +151,7 @@ async def test_admin_stats(aiohttp_client: Any, backend: BackendProc) -> None:
 async def test_purge_by_model_empties_both_tiers(
     aiohttp_client: Any, backend: BackendProc, redis_url: str
 ) -> None:
-    client = await ops_client(aiohttp_client, backend, redis_url=redis_url)
+    client = await ops_client(aiohttp_client, backend, redis={"url": redis_url})
     assert await embed(client, "purge model one") == "MISS"
     assert await embed(client, "purge model two") == "MISS"
     await settle(client)
@@ -168,7 +168,7 @@ async def test_purge_by_tenant_only_touches_that_tenant(
     aiohttp_client: Any, backend: BackendProc, redis_url: str
 ) -> None:
     # Without a tenants file every request is tenant "public".
-    client = await ops_client(aiohttp_client, backend, redis_url=redis_url)
+    client = await ops_client(aiohttp_client, backend, redis={"url": redis_url})
     assert await embed(client, "purge tenant") == "MISS"
     await settle(client)
     status, body = await purge(client, {"tenant": "someone-else"})
@@ -188,7 +188,8 @@ async def test_purge_by_tenant_leaves_other_tenants_alone(
 ) -> None:
     keys = {"acme": "key-of-acme", "globex": "key-of-globex"}
     tenants = Tenants(keys=tuple((key_digest(k), t) for t, k in keys.items()), configured=True)
-    client = await ops_client(aiohttp_client, backend, redis_url=redis_url, tenants=tenants)
+    client = await ops_client(aiohttp_client, backend, redis={"url": redis_url},
+                              tenants=tenants)
 
     async def as_tenant(tenant: str) -> str:
         resp = await client.post("/v1/embeddings", json={"model": "minilm", "input": "same"},
@@ -207,7 +208,7 @@ async def test_purge_by_tenant_leaves_other_tenants_alone(
 
 @pytest.mark.redis
 async def test_purge_one_key(aiohttp_client: Any, backend: BackendProc, redis_url: str) -> None:
-    client = await ops_client(aiohttp_client, backend, redis_url=redis_url)
+    client = await ops_client(aiohttp_client, backend, redis={"url": redis_url})
     await embed(client, "purge key keep")
     await settle(client)
     keep = await redis_keys(redis_url)
@@ -249,7 +250,7 @@ async def test_purge_rejects_bad_bodies(aiohttp_client: Any, backend: BackendPro
 
 async def test_purge_with_redis_down_is_503(aiohttp_client: Any, backend: BackendProc) -> None:
     client = await ops_client(aiohttp_client, backend,
-                              redis_url=f"redis://127.0.0.1:{free_port()}/0")
+                              redis={"url": f"redis://127.0.0.1:{free_port()}/0"})
     status, body = await purge(client, {"model": "minilm"})
     assert status == 503 and body["error"]["type"] == "cache_unavailable"
 
@@ -262,7 +263,7 @@ async def test_policy_reload_and_version(
 ) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(POLICY.format(version="one"))
-    client = await ops_client(aiohttp_client, backend, policies=str(path))
+    client = await ops_client(aiohttp_client, backend, policies={"path": str(path)})
     resp = await client.get("/admin/policies", headers=AUTH)
     assert resp.status == 200
     info = await resp.json()
@@ -284,7 +285,7 @@ async def test_invalid_policy_reload_is_422_and_serving_continues(
 ) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(POLICY.format(version="good"))
-    client = await ops_client(aiohttp_client, backend, policies=str(path))
+    client = await ops_client(aiohttp_client, backend, policies={"path": str(path)})
     good = client.app[state.POLICIES].active.version
     assert await embed(client, "reload serving") == "MISS"
     path.write_text(POLICY.format(version="bad").replace("ttl: 10m", "ttl: [10m]"))

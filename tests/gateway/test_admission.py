@@ -8,18 +8,28 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.admission import Admission, Slot
+from gateway.admission import Admission, AdmissionSettings, Slot
 from gateway.errors import DeadlineExceeded, Overloaded
 from gateway.metrics import GatewayMetrics
 from gateway.observe import MetricsObserver
-from gateway.routing.config import RoutingSettings
 
 
 def make(concurrency: int = 1, queue: int = 2) -> tuple[Admission, CollectorRegistry]:
     registry = CollectorRegistry()
-    admission = Admission(RoutingSettings(tier_concurrency=concurrency, tier_queue=queue),
+    admission = Admission(AdmissionSettings(tier_concurrency=concurrency, tier_queue=queue),
                           observer=MetricsObserver(GatewayMetrics(registry)))
     return admission, registry
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"tier_concurrency": 0}, "tier_concurrency"),
+    ({"tier_queue": -1}, "tier_queue"),
+    ({"tier_concurrency": 1.5}, "tier_concurrency"),
+])
+def test_settings_reject_bad_values_naming_the_field(kwargs: dict[str, object],
+                                                     field: str) -> None:
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        AdmissionSettings(**kwargs)  # type: ignore[arg-type]
 
 
 def later(seconds: float) -> float:

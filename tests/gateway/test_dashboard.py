@@ -45,7 +45,7 @@ EMBED = "/v1/embeddings"
 async def ops_client(aiohttp_client: Any, backend: BackendProc, **overrides: Any) -> TestClient[
         Any, Any]:
     """A gateway on a real socket with the ops routes registered (until create_app does it)."""
-    values: dict[str, Any] = {"backends": [backend.url], "health_interval_s": 0.5}
+    values: dict[str, Any] = {"backends": [backend.url], "routing.health_interval_s": 0.5}
     values.update(overrides)
     app = create_app(load_settings(None, values, environ={}), registry=CollectorRegistry())
     if not any(r.canonical == "/dashboard" for r in app.router.resources()):

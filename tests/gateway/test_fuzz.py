@@ -58,7 +58,8 @@ def _operations() -> list[Any]:
 def gateway_url(backend: BackendProc) -> Iterator[str]:
     """``python -m gateway serve`` (one worker, an admin token) in front of the real backend."""
     with services.gateway(backend.url, cores=None, name="fuzz-gateway",
-                          settings={"admin_token": ADMIN_TOKEN, "log_level": "WARNING"}) as gw:
+                          settings={"admin_token": ADMIN_TOKEN,
+                                    "logging": {"level": "WARNING"}}) as gw:
         yield gw.url
 
 

@@ -316,7 +316,7 @@ class GatewayTestServer(TestServer):
 
 @pytest.fixture
 async def served(backend: BackendProc, aiohttp_client: Any) -> TestClient[Any, Any]:
-    settings = load_settings(None, {"backends": [backend.url], "health_interval_s": 0.5},
+    settings = load_settings(None, {"backends": [backend.url], "routing.health_interval_s": 0.5},
                              environ={})
     app = create_app(settings, registry=CollectorRegistry())
     client: TestClient[Any, Any] = await aiohttp_client(GatewayTestServer(app))
@@ -442,7 +442,7 @@ async def test_backend_failures_name_no_address(
     aiohttp_client: Any, fakes: Any, caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake = await fakes()
-    settings = load_settings(None, {"backends": [fake.url], "health_interval_s": 0.2},
+    settings = load_settings(None, {"backends": [fake.url], "routing.health_interval_s": 0.2},
                              environ={})
     client = await aiohttp_client(TestServer(create_app(settings, registry=CollectorRegistry())))
     for _ in range(100):  # bounded: the first health check marks the fake ready

@@ -55,7 +55,8 @@ async def embed(client: Any, texts: Any, **headers: str) -> tuple[int, Any, Any]
 
 async def test_no_store_is_never_written_anywhere(gateway: GatewayFactory, redis_url: str,
                                                   tmp_path: Path) -> None:
-    client = await gateway(redis_url=redis_url, policies=str(write_policy(tmp_path)))
+    client = await gateway(redis={"url": redis_url},
+                           policies={"path": str(write_policy(tmp_path))})
     texts = ["a perfectly clean sentence", "write to jane.doe@example.com please",
              "call me on +44 20 7946 0958"]
     status, body, headers = await embed(client, texts)
@@ -84,7 +85,7 @@ async def test_no_store_is_never_written_anywhere(gateway: GatewayFactory, redis
 
 async def test_reject_and_redact(gateway: GatewayFactory, backend: BackendProc,
                                  tmp_path: Path) -> None:
-    client = await gateway(policies=str(write_policy(tmp_path)))
+    client = await gateway(policies={"path": str(write_policy(tmp_path))})
     before = backend.requests_total()
     status, body, _ = await embed(client, ["fine", "card 4111 1111 1111 1111 thanks"])
     assert status == 422
@@ -103,8 +104,8 @@ async def test_tenants_never_share_unless_a_rule_says_shared(
     keys = {name: f"key-{name}-{i}" for i, name in enumerate(["acme", "globex", "initech"])}
     tenants = Tenants.from_mapping(
         {name: [hashlib.sha256(k.encode()).hexdigest()] for name, k in keys.items()})
-    client = await gateway(redis_url=redis_url, policies=str(write_policy(tmp_path)),
-                           tenants=tenants)
+    client = await gateway(redis={"url": redis_url},
+                           policies={"path": str(write_policy(tmp_path))}, tenants=tenants)
     status, body, _ = await embed(client, "no key")
     assert status == 401 and body["error"]["type"] == "unauthorized"
     status, _, _ = await embed(client, "bad key", Authorization="Bearer nope")
@@ -132,7 +133,7 @@ async def test_tenants_never_share_unless_a_rule_says_shared(
 async def test_bad_policy_reload_leaves_serving_untouched(gateway: GatewayFactory,
                                                           tmp_path: Path) -> None:
     path = write_policy(tmp_path, n=1)
-    client = await gateway(policies=str(path), policy_poll_s=0.1)
+    client = await gateway(policies={"path": str(path), "poll_interval_s": 0.1})
     store = client.server.app[state.POLICIES]
     version = store.active.version
     statuses: list[int] = []
@@ -167,7 +168,8 @@ async def test_bad_policy_reload_leaves_serving_untouched(gateway: GatewayFactor
 async def test_stale_while_revalidate(gateway: GatewayFactory, backend: BackendProc,
                                       tmp_path: Path) -> None:
     clock = WallClock()
-    client = await gateway(policies=str(write_policy(tmp_path, ttl="1s", swr="1m")), clock=clock)
+    client = await gateway(policies={"path": str(write_policy(tmp_path, ttl="1s", swr="1m"))},
+                           clock=clock)
     _, first, h = await embed(client, "stale while revalidate")
     assert h["X-Cache"] == "MISS"
     clock.advance(1.2)
@@ -185,8 +187,9 @@ async def test_stale_if_error(gateway: GatewayFactory, models_dir: Path, tmp_pat
     own = start_backend(models_dir)
     clock = WallClock()
     try:
-        client = await gateway(backends=[own.url], policies=str(
-            write_policy(tmp_path, ttl="1s", sie="1h")), read_timeout_ms=2000, clock=clock)
+        client = await gateway(backends=[own.url], policies={"path": str(
+            write_policy(tmp_path, ttl="1s", sie="1h"))}, routing={"read_timeout_s": 2.0},
+            clock=clock)
         _, first, h = await embed(client, "stale if error")
         assert h["X-Cache"] == "MISS"
     finally:
@@ -219,7 +222,7 @@ async def test_a_policy_turned_no_store_makes_older_entries_unreadable(
     text = f"mail me at jane.doe@example.com ({path})"
     policy.write_text(POLICY.format(n=1, ttl="1h", swr="0s", sie="0s").replace(
         "email: no_store", "email: off"))
-    client = await gateway(policies=str(policy))
+    client = await gateway(policies={"path": str(policy)})
     body = CACHED_ROUTES[path](text)
     for expected in ("MISS", "HIT"):
         resp = await client.post(path, json=body)

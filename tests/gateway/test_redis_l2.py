@@ -68,7 +68,7 @@ async def test_two_gateway_processes_share_l2(backend: BackendProc, redis_url: s
 async def test_redis_killed_mid_test_keeps_serving(gateway: GatewayFactory,
                                                    redis_server: RedisServer,
                                                    redis_url: str) -> None:
-    client = await gateway(redis_url=redis_url, redis_timeout_ms=50)
+    client = await gateway(redis={"url": redis_url, "timeout_s": 0.05})
     statuses = []
     for i in range(5):
         resp = await client.post("/v1/embeddings", json={"model": "minilm", "input": f"up {i}"})

@@ -28,7 +28,8 @@ async def test_near_backend_killed_mid_stream(gateway: GatewayFactory, models_di
                                               two_zones: list[BackendProc]) -> None:
     near, far = two_zones
     client = await gateway(backends=[f"{near.url}@r1/zone-a", f"{far.url}@r1/zone-b"],
-                           region="r1", zone="zone-a", health_interval_s=0.2)
+                           routing={"region": "r1", "zone": "zone-a",
+                                    "health_interval_s": 0.2})
     no_store = {"Cache-Control": "no-store"}
     failures: list[int] = []
 

@@ -48,7 +48,7 @@ class Reply:
 def port(backend: BackendProc) -> Iterator[int]:
     """A real gateway process in front of the session's backend; its port."""
     with services.gateway(backend.url, cores=None, name="slow-clients",
-                          settings={"log_level": "WARNING"}) as gw:
+                          settings={"logging": {"level": "WARNING"}}) as gw:
         yield gw.port
 
 

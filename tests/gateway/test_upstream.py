@@ -198,7 +198,7 @@ async def test_killing_the_near_backend_mid_stream_fails_no_request(build: Build
     near.delay_s = far.delay_s = 0.005
     rig = await build([(near, "a"), (far, "b")], health_interval_s=0.1, health_timeout_s=0.5,
                       base_ejection_s=0.3, eject_after_failures=2)
-    checker = HealthChecker(rig.router, rig.transport.session, rig.settings)
+    checker = HealthChecker(rig.router, rig.transport.session, rig.settings, models=("minilm",))
     await checker.start()
     served: dict[int, str] = {}
     failures: list[BaseException] = []

@@ -6,6 +6,7 @@ The fixtures ``build`` and ``fakes`` live here and are registered in tests/gatew
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.admission import Admission
+from gateway.admission import Admission, AdmissionSettings
 from gateway.metrics import GatewayMetrics
 from gateway.observe import MetricsObserver
 from gateway.routing import BackendSpec, Router, RoutingSettings
@@ -45,19 +46,23 @@ Build = Callable[..., Awaitable[Rig]]
 
 @pytest.fixture
 async def build() -> AsyncIterator[Build]:
-    """Factory: ``await build([(fake, zone), ...], **settings)`` -> a wired Upstream."""
+    """Factory: ``await build([(fake, zone), ...], **settings)`` -> a wired Upstream; settings
+    are fields of ``RoutingSettings`` or of ``AdmissionSettings``."""
     cleanups: list[Callable[[], Awaitable[None]]] = []
+    admission_fields = {f.name for f in dataclasses.fields(AdmissionSettings)}
 
     async def make(backends: list[tuple[FakeBackend, str]], **overrides: Any) -> Rig:
         values: dict[str, Any] = {"region": "r1", "zone": "a", "connect_timeout_s": 0.5}
-        values.update(overrides)
+        values.update({k: v for k, v in overrides.items() if k not in admission_fields})
         settings = RoutingSettings(**values)
+        admission_settings = AdmissionSettings(
+            **{k: v for k, v in overrides.items() if k in admission_fields})
         registry = CollectorRegistry()
         metrics = GatewayMetrics(registry)
         specs = [BackendSpec(url=b.url, zone=z, region="r1") for b, z in backends]
         observer = MetricsObserver(metrics)
         router = Router(specs, settings, observer=observer)
-        admission = Admission(settings, observer=observer)
+        admission = Admission(admission_settings, observer=observer)
         transport = AiohttpTransport.create(pool_size=settings.pool_size,
                                             connect_timeout_s=settings.connect_timeout_s)
         cleanups.append(transport.close)

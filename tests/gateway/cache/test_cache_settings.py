@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.cache.settings import L1Settings, MiB, RedisSettings
+from gateway.cache.settings import CacheSettings, MiB, RedisSettings
 
 
 def test_defaults() -> None:
@@ -14,7 +14,11 @@ def test_defaults() -> None:
     assert (s.timeout_s, s.failure_threshold, s.key_prefix, s.is_cluster) == (
         0.1, 3, "gw:v1", False,
     )
-    assert L1Settings().max_bytes == 256 * MiB
+    assert CacheSettings().max_bytes == 256 * MiB
+    off = RedisSettings()  # no URL: no Redis tier
+    assert off.url is None and not off.is_cluster
+    with pytest.raises(ValueError, match="url"):
+        off.client_url  # noqa: B018 (the property raises)
 
 
 @pytest.mark.parametrize(
@@ -43,10 +47,10 @@ def test_bad_redis_values_name_the_field(field: str, value: Any) -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [("max_entries", 0), ("max_bytes", -1),
-                                              ("max_entries", True)])
-def test_bad_l1_values_name_the_field(field: str, value: Any) -> None:
+                                              ("max_bytes", 0), ("max_entries", True)])
+def test_bad_cache_values_name_the_field(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=field):
-        L1Settings(**{field: value})
+        CacheSettings(**{field: value})
 
 
 def test_keyword_only_and_frozen() -> None:

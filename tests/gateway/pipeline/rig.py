@@ -19,7 +19,7 @@ import xxhash
 
 from gateway.adapters.oip import parse_oip
 from gateway.adapters.texts import parse_classify, parse_embeddings, parse_rank
-from gateway.admission import Admission
+from gateway.admission import Admission, AdmissionSettings
 from gateway.cache.memory import MemoryCache
 from gateway.cache.tiered import TieredCache
 from gateway.context import CacheDirectives, RequestContext
@@ -142,7 +142,7 @@ async def build(route: str, policy: Path) -> Rig:
     model = FakeModel()
     settings = RoutingSettings(retry=False)
     router = Router([BackendSpec(url="http://fake:1")], settings)
-    upstream = Upstream(MemoryTransport(model), router, Admission(settings), settings)
+    upstream = Upstream(MemoryTransport(model), router, Admission(AdmissionSettings()), settings)
     policies = PolicyStore([policy], metrics=None)
     l1 = MemoryCache(max_entries=1000, max_bytes=10**7, clock=clock)
     pipeline = Pipeline(policies=policies, cache=TieredCache(l1, None), upstream=upstream,

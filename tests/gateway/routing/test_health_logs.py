@@ -12,6 +12,7 @@ from gateway.routing import BackendSpec, HealthChecker, Router, RoutingSettings
 from tests.gateway.routing.oip_fake import FakeBackend, free_port
 
 LOGGER = "gateway.routing.health"
+MODELS = ("minilm",)
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ async def test_a_backend_warming_up_is_info_once_then_a_failure_is_a_warning(
     backend = FakeBackend(port=free_port())
     settings = RoutingSettings(health_timeout_s=0.5, health_interval_s=0.05)
     router = Router([BackendSpec(url=backend.url)], settings)
-    checker = HealthChecker(router, session, settings)
+    checker = HealthChecker(router, session, settings, models=MODELS)
     state = router.states[0]
 
     await checker.check_once()  # nothing listens yet: the backend is still loading its model
@@ -67,7 +68,7 @@ async def test_a_backend_that_dies_after_being_ready_is_a_warning(
     async with FakeBackend() as backend:
         settings = RoutingSettings(health_timeout_s=0.5, health_interval_s=0.05)
         router = Router([BackendSpec(url=backend.url)], settings)
-        checker = HealthChecker(router, session, settings)
+        checker = HealthChecker(router, session, settings, models=MODELS)
         await checker.check_once()
         assert router.states[0].healthy
         await backend.stop()
@@ -88,7 +89,7 @@ async def test_a_backend_never_ready_gets_no_threshold_for_timeouts(
         settings = RoutingSettings(health_timeout_s=0.1, health_interval_s=0.05,
                                    unhealthy_threshold=3)
         router = Router([BackendSpec(url=backend.url)], settings)
-        checker = HealthChecker(router, session, settings)
+        checker = HealthChecker(router, session, settings, models=MODELS)
         await checker.check_once()
         assert not router.states[0].healthy and not router.ready()
         assert records(caplog) == [

@@ -18,6 +18,17 @@ def test_backend_name_defaults_to_host_port_and_url_is_normalised() -> None:
     assert BackendSpec(url="http://b:1", name="gpu-1").name == "gpu-1"
 
 
+def test_backend_compact_form() -> None:
+    """``URL[@REGION[/ZONE]]``, the form flags and environment variables use."""
+    assert BackendSpec.parse("http://a:1@eu/eu-1a") == BackendSpec(url="http://a:1", region="eu",
+                                                                   zone="eu-1a")
+    assert BackendSpec.parse(" http://a:1@eu ") == BackendSpec(url="http://a:1", region="eu",
+                                                               zone="eu")
+    assert BackendSpec.parse("http://a:1") == BackendSpec(url="http://a:1")
+    with pytest.raises(ValueError, match="url"):
+        BackendSpec.parse("a:1@eu")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
@@ -37,12 +48,11 @@ def test_backend_spec_rejects_bad_values(kwargs: dict[str, str], field: str) -> 
 
 def test_settings_are_frozen_and_keyword_only() -> None:
     settings = RoutingSettings()
-    assert settings.models == ("minilm",)
+    assert (settings.region, settings.zone) == ("local", "local")
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.zone = "b"  # type: ignore[misc]
     with pytest.raises(TypeError):
         RoutingSettings("r1")  # type: ignore[call-arg]
-    assert RoutingSettings(models=["a", "b"]).models == ("a", "b")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -57,13 +67,11 @@ def test_settings_are_frozen_and_keyword_only() -> None:
         ({"ewma_alpha": 0.0}, "ewma_alpha"),
         ({"ewma_alpha": 1.5}, "ewma_alpha"),
         ({"pool_size": 0}, "pool_size"),
-        ({"tier_concurrency": 0}, "tier_concurrency"),
-        ({"tier_queue": -1}, "tier_queue"),
-        ({"default_timeout_ms": 0}, "default_timeout_ms"),
         ({"max_inflight_per_backend": 0}, "max_inflight_per_backend"),
         ({"retry": "yes"}, "retry"),
-        ({"models": "minilm"}, "models"),
-        ({"models": ("",)}, "models"),
+        ({"hedge_after_p95": 1}, "hedge_after_p95"),
+        ({"hedge_min_samples": 0}, "hedge_min_samples"),
+        ({"unhealthy_threshold": 0}, "unhealthy_threshold"),
         ({"zone": ""}, "zone"),
     ],
 )

@@ -12,6 +12,8 @@ import pytest
 from gateway.routing import BackendSpec, HealthChecker, Router, RoutingSettings
 from tests.gateway.routing.oip_fake import FakeBackend
 
+MODELS = ("minilm",)  # the models whose versions the checker reads
+
 
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
@@ -34,7 +36,7 @@ async def test_backend_that_stops_and_starts_on_a_fixed_port_flips_health(
     other = FakeBackend()
     async with backend, other:
         router, settings = setup([backend, other])
-        checker = HealthChecker(router, session, settings)
+        checker = HealthChecker(router, session, settings, models=MODELS)
         await checker.check_once()
         state = router.states[0]
         assert state.healthy and state.model_versions == {"minilm": "1"}
@@ -57,7 +59,7 @@ async def test_not_ready_is_unhealthy_at_once_and_timeouts_need_the_threshold(
 ) -> None:
     async with FakeBackend() as backend:
         router, settings = setup([backend], unhealthy_threshold=2, health_timeout_s=0.1)
-        checker = HealthChecker(router, session, settings)
+        checker = HealthChecker(router, session, settings, models=MODELS)
         state = router.states[0]
         backend.ready = False
         await checker.check_once()
@@ -80,9 +82,9 @@ async def test_version_change_is_picked_up_and_reported(
     session: aiohttp.ClientSession,
 ) -> None:
     async with FakeBackend(version="1") as backend:
-        router, settings = setup([backend], models=("minilm", "absent"))
+        router, settings = setup([backend])
         changes: list[tuple[str, str | None, str]] = []
-        checker = HealthChecker(router, session, settings,
+        checker = HealthChecker(router, session, settings, models=("minilm", "absent"),
                                 on_version_change=lambda *c: changes.append(c))
         await checker.check_once()
         assert router.model_version("minilm") == "1"
@@ -102,7 +104,7 @@ async def test_health_success_does_not_cut_an_ejection_short(
 ) -> None:
     async with FakeBackend() as a, FakeBackend() as b:
         router, settings = setup([a, b], eject_after_failures=1, base_ejection_s=30.0)
-        checker = HealthChecker(router, session, settings)
+        checker = HealthChecker(router, session, settings, models=MODELS)
         state = router.states[0]
         router.on_start(state)
         router.on_finish(state, latency_s=0.01, outcome="error")
@@ -117,7 +119,7 @@ async def test_background_loop_notices_a_dying_backend_and_stops_cleanly(
 ) -> None:
     async with FakeBackend() as backend, FakeBackend() as other:
         router, settings = setup([backend, other])
-        checker = HealthChecker(router, session, settings)
+        checker = HealthChecker(router, session, settings, models=MODELS)
         await checker.start()
         state = router.states[0]
         assert state.healthy and state.model_versions
