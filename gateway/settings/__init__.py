@@ -10,7 +10,9 @@ between, and each bound is checked once, in the section that owns the field.
 ``load_settings`` (gateway/settings/load.py) reads defaults < ``--config`` YAML < flags <
 ``GATEWAY_*`` environment, names a bad setting by its dotted path
 (``admission.adaptive.buffer: must be between 0 and 10``) and points old flat names at their
-new place (``l1_max_entries`` -> ``cache.max_entries``).
+new place (``l1_max_entries`` -> ``cache.max_entries``, gateway/settings/hints.py).
+``settings_fields()`` (gateway/settings/fields.py) lists every setting with its dotted path,
+type, default and environment variable.
 
 Why frozen dataclasses and one generic loader rather than pydantic-settings: the sections stay
 plain keyword-only value objects that tests and components build directly (as the project's
@@ -21,7 +23,9 @@ customisation pydantic-settings would need for these names, the dotted-path mess
 old-name hints; it adds no dependency.
 """
 
-from gateway.settings.load import ENV_PREFIX, MOVED, Setting, load_settings, settings_fields
+from gateway.settings.fields import ENV_PREFIX, Setting, settings_fields
+from gateway.settings.hints import MOVED
+from gateway.settings.load import load_settings
 from gateway.settings.model import LoggingSettings, PolicySettings, Settings
 from gateway.validation import SettingsError
 

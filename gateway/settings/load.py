@@ -6,8 +6,9 @@ with nothing else to write:
 
 - **YAML and overrides** are nested mappings (``redis: {url: ...}``); dotted keys
   (``{"redis.url": ...}``) mean the same and merge with them. A later source replaces a value,
-  never a whole section. Unknown keys are refused with a hint: an old flat name
-  (``l1_max_entries``) names its new place (``cache.max_entries``), a typo its closest setting.
+  never a whole section. Unknown keys are refused with a hint (gateway/settings/hints.py): an
+  old flat name (``l1_max_entries``) names its new place (``cache.max_entries``), a typo its
+  closest setting.
 - **Environment**: ``GATEWAY_`` + the dotted path in capitals, dots as underscores
   (``GATEWAY_PORT``, ``GATEWAY_REDIS_URL``, ``GATEWAY_ADMISSION_ADAPTIVE_BUFFER``). Lists are
   comma-separated (``GATEWAY_BACKENDS=http://a:8001@eu/eu-1a,http://b:8001``), mappings
@@ -21,101 +22,18 @@ with nothing else to write:
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import functools
 import os
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, Union, get_args, get_origin
 
 import yaml
 
+from gateway.settings.fields import ENV_PREFIX, hints_of, is_section, sections, settings_fields
+from gateway.settings.hints import MOVED, env_suggestion, suggestion
 from gateway.settings.model import Settings
 from gateway.validation import SettingsError
-
-ENV_PREFIX = "GATEWAY_"
-
-#: The flat names of the model before it had sections, and where each setting is now.
-MOVED = {
-    "region": "routing.region", "zone": "routing.zone",
-    "redis_url": "redis.url", "redis_cluster": "redis.cluster",
-    "redis_timeout_ms": "redis.timeout_s", "redis_key_prefix": "redis.key_prefix",
-    "l1_max_entries": "cache.max_entries", "l1_max_bytes": "cache.max_bytes",
-    "policies": "policies.path", "shadow_policies": "policies.shadow_path",
-    "policy_poll_s": "policies.poll_interval_s",
-    "connect_timeout_ms": "routing.connect_timeout_s", "read_timeout_ms": "routing.read_timeout_s",
-    "pool_size": "routing.pool_size", "health_interval_s": "routing.health_interval_s",
-    "eject_after_failures": "routing.eject_after_failures", "hedge": "routing.hedge_after_p95",
-    "tier_concurrency": "admission.tier_concurrency", "tier_queue": "admission.tier_queue",
-    "adaptive_concurrency": "admission.adaptive.enabled",
-    "adaptive_window_ms": "admission.adaptive.window_s",
-    "adaptive_percentile": "admission.adaptive.percentile",
-    "adaptive_buffer": "admission.adaptive.buffer",
-    "adaptive_min_limit": "admission.adaptive.min_limit",
-    "adaptive_probe_interval_s": "admission.adaptive.probe_interval_s",
-    "adaptive_probe_requests": "admission.adaptive.probe_requests",
-    "log_level": "logging.level", "log_request_text": "logging.request_text",
-}
-_NOW_SECONDS = {"redis_timeout_ms", "connect_timeout_ms", "read_timeout_ms", "adaptive_window_ms"}
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One leaf of the model: its dotted path, its type and its default."""
-
-    path: str
-    hint: Any
-    default: object
-
-    @property
-    def env(self) -> str:
-        """Its environment variable."""
-        return ENV_PREFIX + self.path.replace(".", "_").upper()
-
-
-def _is_section(hint: object) -> bool:
-    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    hints = get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
-
-
-@functools.cache
-def sections() -> tuple[str, ...]:
-    """Every section's dotted path (``redis``, ``admission.adaptive``...)."""
-    found: list[str] = []
-
-    def walk(cls: type, prefix: str) -> None:
-        for name, hint in _hints(cls).items():
-            if _is_section(hint):
-                found.append(prefix + name)
-                walk(hint, f"{prefix}{name}.")
-
-    walk(Settings, "")
-    return tuple(found)
-
-
-@functools.cache
-def settings_fields() -> tuple[Setting, ...]:
-    """Every setting of the model, in declaration order, sections' fields in place."""
-    found: list[Setting] = []
-
-    def walk(cls: type, default: object, prefix: str) -> None:
-        for name, hint in _hints(cls).items():
-            value = getattr(default, name)
-            if _is_section(hint):
-                walk(hint, value, f"{prefix}{name}.")
-            else:
-                found.append(Setting(prefix + name, hint, value))
-
-    walk(Settings, Settings(), "")
-    return tuple(found)
 
 
 def load_settings(
@@ -156,38 +74,14 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, str]:
             continue
         if name in by_name:
             found[by_name[name]] = value
-            continue
-        old = name.removeprefix(ENV_PREFIX).lower()
-        if old in MOVED:
-            new = MOVED[old]
-            raise SettingsError(f"{name}: this setting is now {new}{_unit(old)}: set "
-                                f"{Setting(new, None, None).env} instead")
-        if name.startswith(namespaces):
-            close = difflib.get_close_matches(name, list(by_name), n=1, cutoff=0.7)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise SettingsError(f"{name}: no such setting{hint}")
+        elif name.removeprefix(ENV_PREFIX).lower() in MOVED or name.startswith(namespaces):
+            # An old flat name, or a name in a section's namespace: the gateway's, and wrong.
+            raise SettingsError(f"{name}: {env_suggestion(name, list(by_name))}")
     return found
 
 
-def _unit(old: str) -> str:
-    return " (in seconds)" if old in _NOW_SECONDS else ""
-
-
-def _suggestion(path: str) -> str | None:
-    """Where a setting named ``path`` probably is: its new place, or the closest name."""
-    if path in MOVED:
-        return MOVED[path] + _unit(path)
-    leaf = path.rsplit(".", 1)[-1]
-    same = [s.path for s in settings_fields() if s.path.rsplit(".", 1)[-1] == leaf]
-    if same:
-        return " or ".join(same)
-    names = [s.path for s in settings_fields()] + list(sections())
-    close = difflib.get_close_matches(path, names, n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
 def _unknown(path: str, origin: str) -> SettingsError:
-    hint = _suggestion(path)
+    hint = suggestion(path)
     where = f"; did you mean {hint}?" if hint else " (README.md lists every setting)"
     return SettingsError(f"{path}: unknown setting{origin}{where}")
 
@@ -195,13 +89,13 @@ def _unknown(path: str, origin: str) -> SettingsError:
 def _merge(into: dict[str, Any], values: Mapping[Any, Any], cls: type, prefix: str,
            origin: str) -> None:
     """Merge ``values`` (nested mappings and dotted keys) into ``into``, refusing unknown keys."""
-    known = _hints(cls)
+    known = hints_of(cls)
     for key, value in values.items():
         head, dot, rest = str(key).partition(".")
         hint = known.get(head)
         if hint is None:
             raise _unknown(prefix + head, origin)
-        if _is_section(hint):
+        if is_section(hint):
             sub = {rest: value} if dot else ({} if value is None else value)
             if not isinstance(sub, Mapping):
                 raise _not_a_section(prefix + head, hint, origin)
@@ -213,19 +107,19 @@ def _merge(into: dict[str, Any], values: Mapping[Any, Any], cls: type, prefix: s
 
 
 def _not_a_section(path: str, cls: type, origin: str) -> SettingsError:
-    names = ", ".join(_hints(cls))
+    names = ", ".join(hints_of(cls))
     moved = f"; did you mean {MOVED[path]}?" if path in MOVED else ""
     return SettingsError(f"{path}: is a section{origin}: give a mapping of its settings "
                          f"({names}){moved}")
 
 
 def _build(cls: type, raw: Mapping[str, Any], prefix: str) -> Any:
-    hints = _hints(cls)
+    hints = hints_of(cls)
     values: dict[str, Any] = {}
     for name, value in raw.items():
         hint = hints[name]
         path = prefix + name
-        values[name] = (_build(hint, value, path + ".") if _is_section(hint)
+        values[name] = (_build(hint, value, path + ".") if is_section(hint)
                         else _coerce(path, value, hint))
     try:
         return cls(**values)
@@ -303,7 +197,7 @@ def _pairs(path: str, text: str) -> dict[str, str]:
 def _item(path: str, value: object, hint: Any) -> object:
     """One list item: a scalar, or a value object (a mapping of its fields, or its compact text
     form through its ``parse`` classmethod)."""
-    if not _is_section(hint):
+    if not is_section(hint):
         return _coerce(path, value, hint)
     if isinstance(value, hint):
         return value
@@ -314,8 +208,8 @@ def _item(path: str, value: object, hint: Any) -> object:
         raise SettingsError(f"{path}.{exc}") from None
     if not isinstance(value, Mapping):
         raise SettingsError(f"{path}: must be a mapping or text (got {value!r})")
-    unknown = sorted(str(k) for k in value if k not in _hints(hint))
+    unknown = sorted(str(k) for k in value if k not in hints_of(hint))
     if unknown:
         raise SettingsError(f"{path}: unknown key(s) {', '.join(unknown)} "
-                            f"(each takes {', '.join(_hints(hint))})")
+                            f"(each takes {', '.join(hints_of(hint))})")
     return _build(hint, value, f"{path}.")
