@@ -18,12 +18,14 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway import openapi, ops_routes, state
+from gateway.access_log import AccessLog
 from gateway.adapters.render import FragmentCache
 from gateway.admission import Admission
 from gateway.cache.memory import MemoryCache
 from gateway.cache.redis import RedisCache
 from gateway.cache.tiered import TieredCache
 from gateway.handlers import oip, openai, ops
+from gateway.hot import HotAnswers
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import make_error_middleware
 from gateway.observe import MetricsObserver
@@ -36,6 +38,9 @@ from gateway.tenants import Tenants
 from gateway.upstream import AiohttpTransport, Upstream
 
 log = logging.getLogger("gateway")
+
+_METRICS_FLUSH_S = 1.0
+"""How often batched metric updates reach prometheus-client (and so other workers' scrapes)."""
 
 
 def _policy_paths(spec: str | None) -> list[Path]:
@@ -56,15 +61,19 @@ def create_app(
     """
     settings.require_backends()
     metrics = GatewayMetrics(registry)
+    observer = MetricsObserver(metrics)
+    # Per-request lines only at INFO and below, as before (errors are logged on their own).
+    access_log = AccessLog(mode="all" if settings.logging.level in ("DEBUG", "INFO")
+                           else "off")
     app = web.Application(
-        middlewares=[make_error_middleware(metrics)],
+        middlewares=[make_error_middleware(observer, access_log)],
         client_max_size=settings.max_body_bytes,
         handler_args={"max_field_size": 16384},
     )
     app[state.SETTINGS] = settings
     app[state.METRICS] = metrics
-    observer = MetricsObserver(metrics)
     app[state.OBSERVER] = observer
+    app[state.ACCESS_LOG] = access_log
     app[state.TENANTS] = tenants if tenants is not None else (
         Tenants.load(Path(settings.tenants_file)) if settings.tenants_file else Tenants.public()
     )
@@ -117,10 +126,16 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
         health = HealthChecker(router, transport.session, settings.routing,
                                models=settings.models)
         await health.start()
+        app[state.ACCESS_LOG].start()
+        app[state.METRICS].tally.start(_METRICS_FLUSH_S)
         pipeline = Pipeline(policies=policies, cache=app[state.CACHE], upstream=upstream,
                             model_version=router.model_version, observer=app[state.OBSERVER],
                             clock=clock, log_request_text=settings.logging.request_text)
         app[state.PIPELINE] = pipeline
+        app[state.HOT] = HotAnswers(policies=policies, l1=app[state.CACHE].l1,
+                                    model_version=router.model_version,
+                                    observer=app[state.OBSERVER], clock=clock,
+                                    enabled=not settings.logging.request_text)
         loop = asyncio.get_running_loop()
         if handle_signals:
             loop.add_signal_handler(signal.SIGHUP,
@@ -135,6 +150,8 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
             await pipeline.drain()
             await app[state.CACHE].close()
             await transport.close()
+            await app[state.METRICS].tally.stop()
+            await app[state.ACCESS_LOG].stop()
 
     return lifetime
 

@@ -35,6 +35,7 @@ message that names no internal address.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 
@@ -240,3 +241,17 @@ class DeadlineExceeded(GatewayError):
     @property
     def public_message(self) -> str:
         return "deadline passed before a backend answered"
+
+
+class HttpError(GatewayError):
+    """An HTTP-level refusal raised by aiohttp itself (not one of ours): ``http_error_class``
+    gives one subclass per status, so the status is still on the class."""
+
+    status = 400
+    type = "http_error"
+
+
+@functools.cache
+def http_error_class(status: int) -> type[HttpError]:
+    """The ``HttpError`` subclass for one status (made once, then reused)."""
+    return type(f"HttpError{status}", (HttpError,), {"status": status})

@@ -11,13 +11,32 @@ import os
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from gateway.tally import Tally
 
 LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
     2.5, 5.0, 10.0,
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class _FlushFirst(Collector):
+    """Collects nothing; hands the tally's pending updates over before the real collectors run,
+    so a scrape (or a test reading the registry) sees every update made so far."""
+
+    def __init__(self, tally: Tally) -> None:
+        self._tally = tally
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        self._tally.flush()
+        return []
 
 
 def multiprocess_enabled() -> bool:
@@ -42,6 +61,9 @@ class GatewayMetrics:
         # collecting registry (the MultiProcessCollector reads the files instead).
         mp = multiprocess_enabled()
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.tally = Tally()
+        """Batched updates (gateway/tally.py); flushed before every collection of the registry."""
+        self.registry.register(_FlushFirst(self.tally))  # registered first: collected first
         reg = None if mp else self.registry
         if mp:
             MultiProcessCollector(self.registry)  # type: ignore[no-untyped-call]

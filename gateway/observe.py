@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 class Observer(Protocol):
     """Events of the request path (all cheap, all synchronous, none may raise)."""
 
+    def request_done(self, route: str, status: int, cache: str, seconds: float) -> None:
+        """A response is ready: its route pattern, status, X-Cache value and duration."""
+
     def items_answered(self, model: str, tenant: str, statuses: Sequence[str]) -> None:
         """Items of one request, by final cache status (HIT, MISS, STALE, ...)."""
 
@@ -81,6 +84,9 @@ class Observer(Protocol):
 class NullObserver:
     """Observes nothing."""
 
+    def request_done(self, route: str, status: int, cache: str, seconds: float) -> None:
+        pass
+
     def items_answered(self, model: str, tenant: str, statuses: Sequence[str]) -> None:
         pass
 
@@ -140,71 +146,87 @@ class NullObserver:
 
 
 class MetricsObserver:
-    """Observer over ``GatewayMetrics`` (Prometheus)."""
+    """Observer over ``GatewayMetrics`` (Prometheus). Counters and histograms on the request path
+    go through a ``Tally`` (batched; ``flush`` hands them over); gauges are set at once."""
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
+        self.tally = metrics.tally
+
+    def flush(self) -> None:
+        self.tally.flush()
+
+    def request_done(self, route: str, status: int, cache: str, seconds: float) -> None:
+        m, t = self.metrics, self.tally
+        t.inc(m.requests, (route, str(status), cache))
+        t.observe(m.request_duration, (route, cache), seconds)
 
     def items_answered(self, model: str, tenant: str, statuses: Sequence[str]) -> None:
-        m = self.metrics
+        m, t = self.metrics, self.tally
         for status in statuses:
-            m.child(m.cache_items, model, tenant, status.lower()).inc()
+            t.inc(m.cache_items, (model, tenant, status.lower()))
 
     def compute_saved(self, model: str, seconds: float) -> None:
-        self.metrics.child(self.metrics.compute_saved, model).inc(seconds)
+        self.tally.inc(self.metrics.compute_saved, (model,), seconds)
 
     def coalesced(self, items: int) -> None:
-        self.metrics.coalesced.inc(items)
+        self.tally.inc(self.metrics.coalesced, (), items)
 
     def shed(self, reason: str) -> None:
-        self.metrics.child(self.metrics.shed, reason).inc()
+        self.tally.inc(self.metrics.shed, (reason,))
 
     def policy_decided(self, decision: Decision) -> None:
-        from gateway.policy.store import record_decision
-
-        record_decision(self.metrics, decision)
+        m, t = self.metrics, self.tally
+        kind = "cache" if decision.cache else "no_cache"
+        if decision.cache and not all(item.store for item in decision.items):
+            kind = "no_store_items"
+        t.inc(m.policy_decisions, (decision.rule.name, kind))
+        actions = decision.rule.privacy.detectors
+        for item in decision.items:
+            for name in item.detectors:
+                t.inc(m.pii_detections, (name, actions[name]))
 
     def policy_rejected(self, error: PolicyRejected) -> None:
-        from gateway.policy.store import record_rejection
-
-        record_rejection(self.metrics, error)
+        m, t = self.metrics, self.tally
+        t.inc(m.policy_decisions, (error.rule, "reject"))
+        t.inc(m.pii_detections, (error.detector, "reject"))
 
     def cache_lookups(self, tier: str, result: str, items: int) -> None:
         if items:
-            self.metrics.child(self.metrics.cache_lookups, tier, result).inc(items)
+            self.tally.inc(self.metrics.cache_lookups, (tier, result), items)
 
     def cache_stored(self, tier: str, items: int) -> None:
         if items:
-            self.metrics.child(self.metrics.cache_stores, tier).inc(items)
+            self.tally.inc(self.metrics.cache_stores, (tier,), items)
 
     def upstream_batch(self, items: int) -> None:
-        self.metrics.upstream_batch.observe(items)
+        self.tally.observe(self.metrics.upstream_batch, (), items)
 
     def upstream_call(self, backend: str, zone: str, outcome: str, seconds: float) -> None:
-        m = self.metrics
-        m.child(m.upstream_duration, backend, zone, outcome).observe(seconds)
-        m.child(m.backend_requests, backend, zone, outcome).inc()
+        m, t = self.metrics, self.tally
+        t.observe(m.upstream_duration, (backend, zone, outcome), seconds)
+        t.inc(m.backend_requests, (backend, zone, outcome))
 
     def upstream_timing(self, backend: str, queue_s: float, compute_s: float) -> None:
-        m = self.metrics
-        m.child(m.upstream_queue, backend).observe(queue_s)
-        m.child(m.upstream_compute, backend).observe(compute_s)
+        m, t = self.metrics, self.tally
+        t.observe(m.upstream_queue, (backend,), queue_s)
+        t.observe(m.upstream_compute, (backend,), compute_s)
 
     def retry(self, reason: str) -> None:
-        self.metrics.child(self.metrics.retries, reason).inc()
+        self.tally.inc(self.metrics.retries, (reason,))
 
     def hedge(self) -> None:
-        self.metrics.hedges.inc()
+        self.tally.inc(self.metrics.hedges, ())
 
     def ejected(self, backend: str) -> None:
-        self.metrics.child(self.metrics.ejections, backend).inc()
+        self.tally.inc(self.metrics.ejections, (backend,))
 
     def backend_health(self, backend: str, zone: str, healthy: bool) -> None:
         self.metrics.child(self.metrics.backend_healthy, backend, zone).set(1 if healthy else 0)
 
     def cache_errors(self, tier: str, items: int) -> None:
         if items:
-            self.metrics.child(self.metrics.cache_errors, tier).inc(items)
+            self.tally.inc(self.metrics.cache_errors, (tier,), items)
 
     def circuit_open(self, is_open: bool) -> None:
         self.metrics.redis_circuit_open.set(1 if is_open else 0)

@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
+    from gateway.access_log import AccessLog
     from gateway.adapters.render import FragmentCache
     from gateway.cache.tiered import TieredCache
+    from gateway.hot import HotAnswers
     from gateway.metrics import GatewayMetrics
     from gateway.observe import MetricsObserver
     from gateway.pipeline import Pipeline
@@ -23,6 +25,8 @@ SETTINGS: web.AppKey[Settings] = web.AppKey("settings")
 METRICS: web.AppKey[GatewayMetrics] = web.AppKey("metrics")
 PIPELINE: web.AppKey[Pipeline] = web.AppKey("pipeline")
 OBSERVER: web.AppKey[MetricsObserver] = web.AppKey("observer")
+ACCESS_LOG: web.AppKey[AccessLog] = web.AppKey("access_log")
+HOT: web.AppKey[HotAnswers] = web.AppKey("hot")
 TENANTS: web.AppKey[Tenants] = web.AppKey("tenants")
 POLICIES: web.AppKey[PolicyStore] = web.AppKey("policies")
 CACHE: web.AppKey[TieredCache] = web.AppKey("cache")

@@ -11,6 +11,7 @@ so a bad request never reaches a cache or a backend; ``render`` builds the respo
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,13 +25,19 @@ from gateway.adapters.render import FragmentCache
 from gateway.adapters.vectors import pack, tokens, vector
 from gateway.context import RequestContext
 from gateway.errors import ValidationFailed
-from gateway.pipeline import FetchResult, Groups, Item, Result
+from gateway.pipeline import Fetched, FetchResult, Groups, Item, Result
 from gateway.policy import Decision
 from gateway.upstream import Upstream
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 # Softmax temperature turning label cosines into probabilities (CLIP-style zero-shot scale).
 CLASSIFY_TEMPERATURE = 0.05
+
+MAX_BACKEND_TEXTS = 256
+"""Texts per backend call (the backend's default ``max_items_per_request``): a rank request
+(one query and up to 256 documents) or a classify request (inputs and labels) is split."""
+MAX_BACKEND_TEXT_BYTES = 1024 * 1024
+"""UTF-8 bytes of text per backend call (half the backend's ``max_text_bytes_per_request``)."""
 
 Resolve = Callable[[str], str]
 """Client model name -> backend model name (raises ModelNotFound)."""
@@ -54,12 +61,17 @@ class TextCall:
     async def fetch(self, upstream: Upstream, ctx: RequestContext, decision: Decision,
                     indexes: Sequence[int]) -> FetchResult:
         texts = [decision.items[i].text for i in indexes]
-        res = await upstream.infer_texts(self.model, texts, request_id=ctx.request_id,
-                                         deadline=ctx.deadline)
-        per_item = res.compute_ms / max(1, len(texts))
-        counts = res.token_counts or [0] * len(texts)
-        return FetchResult([pack(res.embeddings[i], counts[i], per_item)
-                            for i in range(len(texts))], res.queue_ms, res.compute_ms)
+        parts = await asyncio.gather(*(
+            upstream.infer_texts(self.model, part, request_id=ctx.request_id,
+                                 deadline=ctx.deadline) for part in backend_batches(texts)))
+        items: list[Fetched] = []
+        for part in parts:
+            n = len(part.embeddings)
+            per_item = part.compute_ms / max(1, n)
+            counts = part.token_counts or [0] * n
+            items.extend(pack(part.embeddings[i], counts[i], per_item) for i in range(n))
+        return FetchResult(items, max(p.queue_ms for p in parts),
+                           sum(p.compute_ms for p in parts))
 
     def _usage(self, result: Result) -> dict[str, int]:
         n = sum(tokens(o) for o in result.outcomes)
@@ -73,7 +85,8 @@ class EmbeddingsCall(TextCall):
     fragments: FragmentCache | None = None
 
     def render(self, result: Result) -> bytes:
-        if self.dimensions is None and self.encoding_format == "float" and self.fragments:
+        if (self.dimensions is None and self.encoding_format == "float"
+                and self.fragments is not None):
             n = sum(tokens(o) for o in result.outcomes)
             return self.fragments.embeddings_body(result.outcomes, self.name, n)
         rows = []
@@ -86,6 +99,21 @@ class EmbeddingsCall(TextCall):
             rows.append({"object": "embedding", "index": index, "embedding": emb})
         return orjson.dumps({"object": "list", "data": rows, "model": self.name,
                              "usage": self._usage(result)}, option=_NUMPY)
+
+
+def backend_batches(texts: Sequence[str]) -> list[list[str]]:
+    """``texts`` in order, cut into calls within the backend's per-request limits."""
+    batches: list[list[str]] = [[]]
+    size = 0
+    for text in texts:
+        n = len(text.encode("utf-8"))
+        if batches[-1] and (len(batches[-1]) >= MAX_BACKEND_TEXTS
+                            or size + n > MAX_BACKEND_TEXT_BYTES):
+            batches.append([])
+            size = 0
+        batches[-1].append(text)
+        size += n
+    return batches
 
 
 def parse_embeddings(data: dict[str, Any], resolve: Resolve, *,

@@ -60,7 +60,7 @@ def fingerprint(token: str | None) -> str:
     """Who called, for logs: 12 hex chars of the token's SHA-256 (``-`` for no token)."""
     if not token:
         return "-"
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()[:12]
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()[:12]
 
 
 def authorize(request: web.Request, *, allow_query: bool = False) -> None:
@@ -69,7 +69,9 @@ def authorize(request: web.Request, *, allow_query: bool = False) -> None:
     if not expected:
         return
     token = presented_token(request, allow_query=allow_query)
-    if token is None or not hmac.compare_digest(token.encode("utf-8"), expected.encode("utf-8")):
+    # aiohttp keeps undecodable header bytes as surrogates: encode them back, never fail (500).
+    if token is None or not hmac.compare_digest(token.encode("utf-8", "surrogateescape"),
+                                                expected.encode("utf-8")):
         raise Unauthorized("a valid admin token is required (Authorization: Bearer <token>)")
 
 

@@ -12,19 +12,19 @@ from aiohttp import web
 from gateway import state
 from gateway.context import CacheDirectives, RequestContext
 from gateway.errors import ModelNotFound, ValidationFailed
-from gateway.handlers.parsing import read_json
+from gateway.handlers.parsing import check_json_type, parse_json, read_body
 from gateway.middleware import TENANT, request_id_of
 from gateway.pipeline import Call
-
-# Request headers a policy may match on; others are not copied into the context.
-_HEADER_SKIP = frozenset({"authorization", "cookie", "content-length", "content-type"})
+from gateway.policy.targets import HIDDEN_HEADERS
 
 
-def make_context(request: web.Request, route: str) -> RequestContext:
-    """Tenant (401 for a bad key), deadline and cache directives: nothing reads the body."""
+def make_context(request: web.Request, route: str, *, tenant: str | None = None,
+                 started: float | None = None) -> RequestContext:
+    """Tenant (401 for a bad key, unless already identified), deadline and cache directives:
+    nothing here reads the body."""
     settings = request.app[state.SETTINGS]
-    tenant = request.app[state.TENANTS].identify(request.headers.get("Authorization"))
-    request[TENANT] = tenant
+    if tenant is None:
+        tenant = identify(request)
     timeout_ms = float(settings.default_timeout_ms)
     raw = request.headers.get("X-Request-Timeout-Ms")
     if raw is not None:
@@ -36,8 +36,8 @@ def make_context(request: web.Request, route: str) -> RequestContext:
         if not 0 < timeout_ms <= settings.max_timeout_ms:
             raise ValidationFailed("X-Request-Timeout-Ms",
                                    f"must be between 1 and {settings.max_timeout_ms}")
-    headers = {k.lower(): v for k, v in request.headers.items() if k.lower() not in _HEADER_SKIP}
-    return RequestContext(
+    headers = {k.lower(): v for k, v in request.headers.items() if k.lower() not in HIDDEN_HEADERS}
+    ctx = RequestContext(
         request_id=request_id_of(request),
         route=route,
         tenant=tenant,
@@ -45,21 +45,50 @@ def make_context(request: web.Request, route: str) -> RequestContext:
         deadline=time.monotonic() + timeout_ms / 1000.0,
         directives=CacheDirectives.parse(request.headers.get("Cache-Control")),
     )
+    if started is not None:
+        ctx.started = started
+    return ctx
 
 
-async def begin(request: web.Request, route: str) -> tuple[RequestContext, dict[str, Any]]:
-    """The context (authenticated before any work proportional to the body), then the body."""
-    ctx = make_context(request, route)
-    data = await read_json(request, request.app[state.SETTINGS].max_body_bytes)
-    return ctx, data
+def identify(request: web.Request) -> str:
+    """The request's tenant (401 for a missing or unknown key when tenants are configured)."""
+    tenant = request.app[state.TENANTS].identify(request.headers.get("Authorization"))
+    request[TENANT] = tenant
+    return tenant
 
 
-async def answer(request: web.Request, ctx: RequestContext, call: Call) -> web.Response:
-    """Run the pipeline for a parsed call and render its answer with the cache headers."""
-    ctx.add_timing("parse", time.perf_counter() - ctx.started)
-    result = await request.app[state.PIPELINE].run(ctx, call)
-    body = call.render(result)
-    return web.Response(body=body, content_type="application/json",
+async def serve(request: web.Request, route: str,
+                parse: Callable[[dict[str, Any]], Call]) -> web.Response:
+    """One cached route's request: authenticate (before any work proportional to the body),
+    read the body, answer a hot repeat at once (gateway/hot.py), else parse, run the pipeline
+    and render."""
+    started = time.perf_counter()
+    app = request.app
+    tenant = identify(request)
+    check_json_type(request)
+    body = await read_body(request, app[state.SETTINGS].max_body_bytes)
+    hot = app[state.HOT]
+    headers = request.headers
+    hot_key = None
+    if "Cache-Control" not in headers and "X-Request-Timeout-Ms" not in headers:
+        hot_key = hot.key(request.path, tenant, headers, body)
+        found = hot.get(hot_key) if hot_key is not None else None
+        if found is not None:
+            answer, age = found
+            hot.observe(answer, tenant)
+            total = (time.perf_counter() - started) * 1000.0
+            return web.Response(body=answer.body, content_type="application/json", headers={
+                "X-Cache": "HIT", "Server-Timing": f"hot;dur={total:.3f}, total;dur={total:.3f}",
+                "X-Request-Id": request_id_of(request), "X-Cache-Policy": answer.decision.trail,
+                "Age": str(int(age))})
+    ctx = make_context(request, route, tenant=tenant, started=started)
+    call = parse(parse_json(body))
+    ctx.add_timing("parse", time.perf_counter() - started)
+    result = await app[state.PIPELINE].run(ctx, call)
+    rendered = call.render(result)
+    if hot_key is not None:
+        hot.put(hot_key, call.model, result, rendered)
+    return web.Response(body=rendered, content_type="application/json",
                         headers=cache_headers(ctx, result.age_s))
 
 

@@ -9,7 +9,7 @@ from aiohttp import web
 from gateway import state
 from gateway.adapters.oip import parse_oip
 from gateway.errors import ModelNotFound
-from gateway.handlers.common import answer, begin, resolver
+from gateway.handlers.common import resolver, serve
 from gateway.middleware import request_id_of
 
 
@@ -27,8 +27,8 @@ def _served_model(request: web.Request) -> str:
 
 
 async def infer(request: web.Request) -> web.Response:
-    ctx, data = await begin(request, "/v2/models/{name}/infer")
-    return await answer(request, ctx, parse_oip(data, _served_model(request)))
+    return await serve(request, "/v2/models/{name}/infer",
+                       lambda data: parse_oip(data, _served_model(request)))
 
 
 async def model_metadata(request: web.Request) -> web.Response:

@@ -7,34 +7,24 @@ all before any cache or backend work.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from aiohttp import web
 
 from gateway import state
 from gateway.adapters.texts import parse_classify, parse_embeddings, parse_rank
-from gateway.handlers.common import answer, begin, resolver
-from gateway.pipeline import Call
+from gateway.handlers.common import resolver, serve
 
 
 async def embeddings(request: web.Request) -> web.Response:
     app = request.app
-    return await _serve(request, "/v1/embeddings", lambda data: parse_embeddings(
+    return await serve(request, "/v1/embeddings", lambda data: parse_embeddings(
         data, resolver(request), width=app[state.ROUTER].model_width,
         fragments=app[state.FRAGMENTS]))
 
 
 async def classify(request: web.Request) -> web.Response:
-    return await _serve(request, "/v1/classify",
-                        lambda data: parse_classify(data, resolver(request)))
+    return await serve(request, "/v1/classify",
+                       lambda data: parse_classify(data, resolver(request)))
 
 
 async def rank(request: web.Request) -> web.Response:
-    return await _serve(request, "/v1/rank", lambda data: parse_rank(data, resolver(request)))
-
-
-async def _serve(request: web.Request, route: str,
-                 parse: Callable[[dict[str, Any]], Call]) -> web.Response:
-    ctx, data = await begin(request, route)
-    return await answer(request, ctx, parse(data))
+    return await serve(request, "/v1/rank", lambda data: parse_rank(data, resolver(request)))

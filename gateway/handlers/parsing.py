@@ -16,12 +16,21 @@ from gateway.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType, Va
 
 async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
     """The request body as a JSON object, or the right 4xx."""
+    check_json_type(request)
+    return parse_json(await read_body(request, max_bytes))
+
+
+def check_json_type(request: web.Request) -> None:
+    """415 unless the body is declared JSON."""
     ctype = request.content_type
     if ctype != "application/json" and not ctype.endswith("+json"):
         raise UnsupportedMediaType(
             f"Content-Type must be application/json (got {ctype or 'none'})"
         )
-    body = await read_body(request, max_bytes)
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """A body as a JSON object: 400 when it is not JSON, 422 when it is not an object."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -51,42 +60,3 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     except ConnectionResetError:  # the client left mid-body; the answer reaches no one
         raise BadRequest("the connection closed before the request body was complete") from None
     return bytes(body)
-
-
-def require_str(data: dict[str, Any], field: str, *, allow_empty: bool = False) -> str:
-    value = data.get(field)
-    if value is None:
-        raise ValidationFailed(field, "is required")
-    if not isinstance(value, str):
-        raise ValidationFailed(field, f"must be a string, not {type(value).__name__}")
-    if not allow_empty and not value:
-        raise ValidationFailed(field, "must not be empty")
-    return value
-
-
-def text_list(value: Any, field: str, *, allow_single: bool = True) -> list[str]:
-    """A string or a non-empty list of strings (each checked, with its index in the message)."""
-    if isinstance(value, str) and allow_single:
-        return [value]
-    if value is None:
-        raise ValidationFailed(field, "is required")
-    if not isinstance(value, list):
-        kinds = "a string or a list of strings" if allow_single else "a list of strings"
-        raise ValidationFailed(field, f"must be {kinds}")
-    if not value:
-        raise ValidationFailed(field, "must not be empty")
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            if isinstance(item, int) or (isinstance(item, list) and item
-                                         and isinstance(item[0], int)):
-                raise ValidationFailed(f"{field}[{i}]",
-                                       "token arrays are not supported; send text")
-            raise ValidationFailed(f"{field}[{i}]", f"must be a string, not {type(item).__name__}")
-    return value
-
-
-def check_keys(data: dict[str, Any], allowed: set[str]) -> None:
-    """Unknown fields are a 422, so a typo never silently changes behaviour."""
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise ValidationFailed(unknown[0], f"unknown field (allowed: {', '.join(sorted(allowed))})")

@@ -15,7 +15,8 @@ from gateway.pipeline.call import (
     Outcome,
     Result,
 )
-from gateway.pipeline.core import Pipeline, overall_status
+from gateway.pipeline.core import Pipeline
+from gateway.pipeline.freshness import overall_status
 
 __all__ = [
     "BYPASS", "COALESCED", "HIT", "MISS", "STALE", "Call", "FetchResult", "Fetched", "Groups",

@@ -27,16 +27,14 @@ from collections.abc import Callable, Sequence
 from gateway.cache.entry import Entry
 from gateway.cache.tiered import TieredCache
 from gateway.context import RequestContext
-from gateway.errors import DeadlineExceeded, GatewayError, Overloaded, PolicyRejected
+from gateway.errors import DeadlineExceeded, GatewayError, PolicyRejected
 from gateway.keys import CacheKey, derive_key
 from gateway.observe import Observer
 from gateway.pipeline.background import Background
 from gateway.pipeline.call import (
     BYPASS,
     COALESCED,
-    HIT,
     MISS,
-    STALE,
     Call,
     Fetched,
     FetchResult,
@@ -44,6 +42,7 @@ from gateway.pipeline.call import (
     Outcome,
     Result,
 )
+from gateway.pipeline.freshness import from_cache, overall_status, stale_if_error
 from gateway.policy import Decision, evaluate_groups
 from gateway.policy.store import PolicyStore
 from gateway.singleflight import FlightAbandoned, SingleFlight
@@ -52,15 +51,6 @@ from gateway.upstream import Upstream
 log = logging.getLogger("gateway.pipeline")
 
 _REFRESH_TIMEOUT_S = 30.0
-
-
-def overall_status(statuses: Sequence[str]) -> str:
-    """One X-Cache value for the request: the least cached of its items wins."""
-    present = set(statuses)
-    for status in (BYPASS, MISS, STALE, COALESCED):
-        if status in present:
-            return status
-    return HIT
 
 
 class Pipeline:
@@ -173,24 +163,8 @@ class Pipeline:
     def _answer_from_cache(self, ctx: RequestContext, call: Call, decision: Decision,
                            keys: Sequence[CacheKey], entries: Sequence[Entry | None],
                            outcomes: list[Outcome | None]) -> None:
-        now = self.clock()
-        max_age = ctx.directives.max_age
-        stale: dict[CacheKey, int] = {}
-        saved_ms = 0.0
-        for i, entry in enumerate(entries):
-            if entry is None:
-                continue
-            age = entry.age(now)
-            if max_age is not None and age > max_age:
-                continue
-            if entry.is_fresh(now):
-                outcomes[i] = Outcome(entry.value, entry.meta, HIT, age, keys[i], entry)
-            elif entry.within_swr(now):
-                outcomes[i] = Outcome(entry.value, entry.meta, STALE, age, keys[i], entry)
-                stale.setdefault(keys[i], i)
-            else:
-                continue
-            saved_ms += entry.compute_ms
+        stale, saved_ms = from_cache(entries, keys, outcomes, self.clock(),
+                                     ctx.directives.max_age)
         if saved_ms:
             self.observer.compute_saved(call.model, saved_ms / 1000.0)
         if stale:
@@ -267,13 +241,7 @@ class Pipeline:
                         entries: Sequence[Entry | None], outcomes: list[Outcome | None],
                         failure: GatewayError) -> None:
         """Serve stale answers the policy allows when the backends failed; else re-raise."""
-        if isinstance(failure, DeadlineExceeded | Overloaded) or failure.status >= 500:
-            now = self.clock()
-            for i, entry in enumerate(entries):
-                if outcomes[i] is None and entry is not None and entry.within_sie(now):
-                    outcomes[i] = Outcome(entry.value, entry.meta, STALE, entry.age(now),
-                                          keys[i], entry)
-        if any(o is None for o in outcomes):
+        if not stale_if_error(entries, keys, outcomes, self.clock(), failure):
             raise failure
         log.info("served stale-if-error", extra={"request_id": ctx.request_id,
                                                   "error": failure.type})

@@ -289,6 +289,18 @@ def test_metrics_token_comes_from_the_environment() -> None:
 
 # --- 405 (issue 10) ---------------------------------------------------------------------------
 
+async def test_an_admin_token_that_is_not_utf8_is_401_not_500(gateway: GatewayFactory,
+                                                            connect: Any) -> None:
+    client = await gateway(admin_token="admin-token-0123456789")
+    for path in (b"/admin/stats", b"/dashboard/stats.json"):
+        reader, writer = await connect(port_of(client))
+        writer.write(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer \xff\xfe\r\n\r\n")
+        await writer.drain()
+        reply = await read_reply(reader)
+        assert reply.status == 401 and reply.error()["type"] == "unauthorized", path
+
+
 @pytest.mark.parametrize(("method", "path", "allow"), [
     ("GET", EMBED, "POST"), ("DELETE", "/v2/models/minilm/infer", "POST"),
     ("POST", "/metrics", "GET, HEAD"),

@@ -7,10 +7,12 @@ in-memory backend; entries are aged with an injected clock, never by sleeping.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
+from gateway.context import RequestContext
 from gateway.errors import BadGateway, Overloaded
 from tests.gateway.pipeline.rig import ROUTES, Rig, build, write_policy
 
@@ -139,3 +141,15 @@ async def test_identical_misses_in_flight_share_one_call(route: str, tmp_path: P
     assert statuses == ["COALESCED"] * 3 + ["MISS"]
     assert len({body for _, body in answers}) == 1
     assert reached(rig, CLEAN) == 1
+
+
+async def test_a_rank_request_past_the_backends_item_limit_is_split(tmp_path: Path) -> None:
+    """1 query + 256 documents: the backend takes 256 texts per call, the answer is whole."""
+    rig = await build("rank", write_policy(tmp_path))
+    docs = [f"document number {i}" for i in range(256)]
+    call = ROUTES["rank"][2]({"model": "minilm", "query": "q", "documents": docs})
+    ctx = RequestContext(request_id="t", route="/v1/rank", deadline=time.monotonic() + 5)
+    result = await rig.pipeline.run(ctx, call)
+    assert len(result.outcomes) == 257
+    assert sorted(len(t) for t in rig.model.texts) == [1, 256]
+    assert all(len(t) <= 256 for t in rig.model.texts)

@@ -1,0 +1,88 @@
+"""Counts kept in plain per-process fields on the hot path, handed to prometheus-client in batches.
+
+A prometheus-client update costs a lock and (in multiprocess mode) a write to a memory-mapped
+file; a cache hit made half a dozen of them. ``Tally`` adds to a dict instead and ``flush``
+turns each distinct series into one ``inc`` (counters) or one bucket update (histograms). The
+gateway flushes every ``interval_s`` (so other workers' values reach a scrape within it) and
+right before it renders ``/metrics`` (so the scraped worker's own values are exact).
+
+Histogram observations are aggregated into the histogram's own buckets: the flush adds the
+bucket counts and the sum through the child's ``_buckets``/``_sum`` values, which is what
+``Histogram.observe`` itself does one observation at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+from collections.abc import Hashable
+from typing import Any
+
+
+class _Series:
+    __slots__ = ("bounds", "buckets", "child", "total")
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+        self.bounds: list[float] = list(child._upper_bounds)
+        self.buckets = [0] * len(self.bounds)
+        self.total = 0.0
+
+
+class Tally:
+    """Batched counter increments and histogram observations (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[Hashable, list[Any]] = {}  # key -> [child, pending amount]
+        self._hists: dict[Hashable, _Series] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def inc(self, metric: Any, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        key = (id(metric), labels)
+        slot = self._counts.get(key)
+        if slot is None:
+            slot = self._counts[key] = [metric.labels(*labels) if labels else metric, 0.0]
+        slot[1] += amount
+
+    def observe(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
+        key = (id(metric), labels)
+        series = self._hists.get(key)
+        if series is None:
+            series = self._hists[key] = _Series(metric.labels(*labels) if labels else metric)
+        i = bisect.bisect_left(series.bounds, value)
+        if i < len(series.buckets):
+            series.buckets[i] += 1
+        series.total += value
+
+    def flush(self) -> None:
+        """Hand everything pending to prometheus-client."""
+        for slot in self._counts.values():
+            if slot[1]:
+                slot[0].inc(slot[1])
+                slot[1] = 0.0
+        for series in self._hists.values():
+            if series.total or any(series.buckets):
+                for i, n in enumerate(series.buckets):
+                    if n:
+                        series.child._buckets[i].inc(n)
+                        series.buckets[i] = 0
+                series.child._sum.inc(series.total)
+                series.total = 0.0
+
+    def start(self, interval_s: float) -> None:
+        """Flush every ``interval_s`` on the running loop until ``stop``."""
+        async def run() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                self.flush()
+
+        self._task = asyncio.get_running_loop().create_task(run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.flush()
