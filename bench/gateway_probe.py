@@ -12,7 +12,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample as MetricSample
 
@@ -75,6 +77,16 @@ def fetch(base_url: str, body: bytes, path: str = PATH) -> tuple[int, Mapping[st
         return int(exc.code), dict(exc.headers)
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
         return 0, {"error": type(exc).__name__}
+
+
+def capture(base_url: str, body: bytes, out: Path, path: str = PATH) -> None:
+    """POSTs ``body`` and writes the answer's body and headers to ``out`` (for ``bench.floor``)."""
+    request = urllib.request.Request(base_url + path, data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer = response.read()
+        headers = dict(response.headers)
+    out.write_bytes(orjson.dumps({"body": answer.decode(), "headers": headers}))
 
 
 def metric_samples(base_url: str, names: Collection[str]) -> list[MetricSample]:

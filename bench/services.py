@@ -98,6 +98,14 @@ def hello(*, cores: frozenset[int] | None) -> Server:
     return _started(Service("hello", argv, cores=cores), port, "/", 30.0)
 
 
+def floor(answer_file: Path, *, cores: frozenset[int] | None) -> Server:
+    """The hit floor: aiohttp + uvloop answering a stored gateway hit (``bench.floor``)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.floor", "--port", str(port), "--answer",
+            str(answer_file)]
+    return _started(Service("floor", argv, cores=cores), port, "/", 30.0)
+
+
 def gateway(backend_url: str, *, cores: frozenset[int] | None, redis_url: str | None = None,
             settings: Mapping[str, object] | None = None,
             name: str = "gateway") -> Server:
