@@ -31,6 +31,7 @@ from gateway.middleware import make_error_middleware
 from gateway.observe import MetricsObserver
 from gateway.pipeline import Pipeline
 from gateway.policy.store import PolicyStore
+from gateway.policy.targets import KnownModels
 from gateway.routing.balancer import Router
 from gateway.routing.health import HealthChecker
 from gateway.settings import Settings
