@@ -82,6 +82,7 @@ def create_app(
         _policy_paths(settings.policies.path), metrics=metrics,
         shadow_paths=_policy_paths(settings.policies.shadow_path) or None,
         poll_interval_s=settings.policies.poll_interval_s,
+        models=KnownModels(names=settings.models, aliases=settings.model_aliases),
     )
     app[state.POLICIES] = policies
     router = Router(settings.backends, settings.routing, observer=observer)
