@@ -235,3 +235,17 @@ async def test_a_policy_turned_no_store_makes_older_entries_unreadable(
     assert resp.status == 200 and resp.headers["X-Cache"] == "MISS"
     assert resp.headers["X-Cache-Policy"].split("@")[1].startswith("test-2+")
     assert backend.requests_total() == before + 1
+
+
+async def test_the_gateway_refuses_a_rule_for_a_model_it_does_not_serve(
+        gateway: GatewayFactory, tmp_path: Path) -> None:
+    """The policies a gateway loads are checked against the models it serves (and aliases)."""
+    policy = write_policy(tmp_path)
+    client = await gateway(policies={"path": str(policy)})
+    store = client.server.app[state.POLICIES]
+    good = store.active.version
+    policy.write_text(POLICY.format(n=2, ttl="1h", swr="0s", sie="0s").replace(
+        "match: {routes: [/v1/rank]}", "match: {routes: [/v1/rank], models: [minilmm]}"))
+    with pytest.raises(Exception, match="minilmm"):
+        await store.reload()
+    assert store.active.version == good
