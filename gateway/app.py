@@ -22,6 +22,7 @@ from gateway.access_log import AccessLog
 from gateway.adapters.render import FragmentCache
 from gateway.admission import Admission
 from gateway.cache.memory import MemoryCache
+from gateway.cache.node import open_node_cache
 from gateway.cache.redis import RedisCache
 from gateway.cache.tiered import TieredCache
 from gateway.handlers import oip, openai, ops
@@ -89,7 +90,8 @@ def create_app(
     app[state.ROUTER] = router
     l1 = MemoryCache.from_settings(settings.cache, clock)
     l2 = RedisCache(settings.redis, observer=observer) if settings.redis.url else None
-    cache = TieredCache(l1, l2, observer=observer)
+    node = open_node_cache(settings.cache.node, observer=observer, clock=clock)
+    cache = TieredCache(l1, l2, node=node, observer=observer)
     app[state.CACHE] = cache
     app[state.FRAGMENTS] = FragmentCache()
     app.cleanup_ctx.append(_lifetime(handle_signals, clock))

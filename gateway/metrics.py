@@ -77,7 +77,8 @@ class GatewayMetrics:
             ["route", "cache"], buckets=LATENCY_BUCKETS, registry=reg,
         )
         self.cache_lookups = Counter(
-            "gateway_cache_lookups_total", "Cache lookups per item, by tier (l1, l2) and result.",
+            "gateway_cache_lookups_total",
+            "Cache lookups per item, by tier (l1, node, l2) and result.",
             ["tier", "result"], registry=reg,
         )
         self.cache_items = Counter(
@@ -91,6 +92,15 @@ class GatewayMetrics:
         self.cache_errors = Counter(
             "gateway_cache_errors_total", "Cache tier errors (e.g. Redis down), by tier.", ["tier"],
             registry=reg,
+        )
+        # The node tier is one store per host, so the latest reading of any worker is its size.
+        self.cache_bytes = Gauge(
+            "gateway_cache_bytes", "Bytes a cache tier holds (node: pages of both generations).",
+            ["tier"], registry=reg, multiprocess_mode="mostrecent",
+        )
+        self.cache_evictions = Counter(
+            "gateway_cache_evictions_total", "Entries a cache tier dropped to stay in its bound.",
+            ["tier"], registry=reg,
         )
         self.compute_saved = Counter(
             "gateway_compute_saved_seconds_total",

@@ -47,6 +47,12 @@ class Observer(Protocol):
     def cache_stored(self, tier: str, items: int) -> None:
         """Entries written to one tier."""
 
+    def cache_bytes(self, tier: str, n: int) -> None:
+        """Bytes one tier holds now (the node tier: its pages, after a write)."""
+
+    def cache_evictions(self, tier: str, items: int) -> None:
+        """Entries one tier dropped to stay within its bound."""
+
     def upstream_batch(self, items: int) -> None:
         """Items in one backend call."""
 
@@ -109,6 +115,12 @@ class NullObserver:
         pass
 
     def cache_stored(self, tier: str, items: int) -> None:
+        pass
+
+    def cache_bytes(self, tier: str, n: int) -> None:
+        pass
+
+    def cache_evictions(self, tier: str, items: int) -> None:
         pass
 
     def upstream_batch(self, items: int) -> None:
@@ -198,6 +210,13 @@ class MetricsObserver:
     def cache_stored(self, tier: str, items: int) -> None:
         if items:
             self.tally.inc(self.metrics.cache_stores, (tier,), items)
+
+    def cache_bytes(self, tier: str, n: int) -> None:
+        self.metrics.child(self.metrics.cache_bytes, tier).set(n)
+
+    def cache_evictions(self, tier: str, items: int) -> None:
+        if items:
+            self.tally.inc(self.metrics.cache_evictions, (tier,), items)
 
     def upstream_batch(self, items: int) -> None:
         self.tally.observe(self.metrics.upstream_batch, (), items)

@@ -11,7 +11,11 @@ Definitions the page and the tests rely on:
 - hit ratio (overall, by model, by tenant): items served from cache (``hit`` + ``stale``) over
   cache-eligible items (``hit`` + ``stale`` + ``miss`` + ``coalesced``); ``bypass`` items (the
   policy or the client said no cache) are left out. ``None`` when nothing was eligible.
-- hit ratio by tier: fresh hits over lookups in that tier (L2 sees only what L1 missed).
+- hit ratio by tier: fresh hits over lookups in that tier (the node tier sees only what L1
+  missed, L2 only what both missed).
+- tier bytes and evictions: bytes a tier holds now (the node tier's pages, as the worker that
+  wrote last saw them) and entries it dropped to stay in its bound, from
+  ``gateway_cache_bytes`` and ``gateway_cache_evictions_total``.
 - latency quantiles: estimated from histogram buckets the way Prometheus' ``histogram_quantile``
   does (linear interpolation inside the bucket), for inference routes only, so the dashboard's
   own polling does not dilute them.
@@ -204,6 +208,8 @@ class Stats:
             "tenants": tenants,
             "tenants_omitted": omitted,
             "lookups": lookups,
+            "tier_bytes": s.sum_by("gateway_cache_bytes", "tier"),
+            "tier_evictions": s.sum_by("gateway_cache_evictions_total", "tier"),
             "latency_s": {cache: quantiles(b) for cache, b in sorted(latency.items())},
             "shed": {"total": sum(shed.values()), "by_reason": shed},
             "compute_saved_s": {"total": sum(saved.values()), "by_model": saved},

@@ -1,4 +1,5 @@
-"""The cache sections of the gateway's settings: ``cache`` (the in-process tier) and ``redis``.
+"""The cache sections of the gateway's settings: ``cache`` (the in-process tier), ``cache.node``
+(the tier the worker processes of a host share) and ``redis``.
 
 Frozen, keyword-only value objects that validate their own fields on construction (with the
 checks of ``gateway/validation.py``); the gateway's settings loader builds them from the config
@@ -9,7 +10,9 @@ docstring is its reference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway import validation as check
@@ -23,18 +26,49 @@ _SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 _PREFIX_FORBIDDEN = set("*?[]\\ \t\r\n")
 
 
+def default_node_path() -> str:
+    """``$XDG_CACHE_HOME/edge-gateway/node``, else ``~/.cache/edge-gateway/node``."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".cache"
+    return str(root / "edge-gateway" / "node")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeCacheSettings:
+    """The node tier (settings section ``cache.node``): one cache the worker processes of a
+    host share, kept in a directory across restarts (gateway/cache/node.py)."""
+
+    enabled: bool = True
+    """Share one cache between this host's workers and keep it across restarts. Off: each
+    worker has only its in-process cache (and Redis, when set)."""
+    path: str = field(default_factory=default_node_path)
+    """Directory of the LMDB files, created if missing; ``$XDG_CACHE_HOME/edge-gateway/node``
+    or ``~/.cache/edge-gateway/node`` by default. Every worker and every restart pointing at
+    it shares its entries."""
+    max_bytes: int = 512 * MiB
+    """Largest size of the data file (the memory map): entries fill a bit under half of it in
+    each of two rotating generations; the rest is LMDB's working room."""
+    ttl_s: float = 86_400.0
+    """Longest any entry lives in this tier, whatever its own TTL."""
+
+    def __post_init__(self) -> None:
+        check.boolean("enabled", self.enabled)
+        check.label("path", self.path)
+        check.at_least("max_bytes", self.max_bytes, MiB)
+        check.positive("ttl_s", self.ttl_s)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CacheSettings:
-    """The in-process LRU tier each worker process keeps (settings section ``cache``).
-
-    A tier shared by the worker processes of a node would get its own subsection here
-    (``cache.node``) beside these bounds.
-    """
+    """The in-process LRU tier each worker process keeps (settings section ``cache``), and the
+    node tier below it (``cache.node``)."""
 
     max_entries: int = 100_000
     """Most entries kept; the least recently used go first beyond it."""
     max_bytes: int = 256 * MiB
     """Most bytes kept (values, metadata and a fixed per-entry overhead)."""
+    node: NodeCacheSettings = field(default_factory=NodeCacheSettings)
+    """The cache this host's workers share (gateway/cache/node.py)."""
 
     def __post_init__(self) -> None:
         check.at_least("max_entries", self.max_entries, 1)

@@ -95,17 +95,28 @@ def backend(models_dir: Path) -> Iterator[BackendProc]:
 GatewayFactory = Callable[..., Any]
 
 
+@pytest.fixture(autouse=True)
+def _node_cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node cache's default directory (``$XDG_CACHE_HOME/edge-gateway/node``) in this
+    test's tmp dir, for gateways built here and the gateway processes tests start: no test
+    reads or writes the user's, and no two tests share one."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
 @pytest.fixture
-async def gateway(backend: BackendProc, aiohttp_client: Any) -> AsyncIterator[GatewayFactory]:
+async def gateway(backend: BackendProc, aiohttp_client: Any,
+                  tmp_path: Path) -> AsyncIterator[GatewayFactory]:
     """Factory: ``await gateway(redis={"url": ...}, policies={"path": ...})`` -> an aiohttp
     TestClient. Overrides are settings as ``load_settings`` takes them: top-level names, whole
     sections as mappings (merged with the fixture's defaults, not replacing them), or dotted
-    names given as ``**{"routing.read_timeout_s": 2}``."""
+    names given as ``**{"routing.read_timeout_s": 2}``. Each gateway gets its own node cache
+    directory in the test's tmp dir unless ``cache.node.path`` says otherwise."""
     clients: list[TestClient[Any, Any]] = []
 
     async def make(*, tenants: Tenants | None = None, clock: Callable[[], float] = time.time,
                    **overrides: Any) -> TestClient[Any, Any]:
-        values: dict[str, Any] = {"backends": [backend.url], "routing.health_interval_s": 0.5}
+        values: dict[str, Any] = {"backends": [backend.url], "routing.health_interval_s": 0.5,
+                                  "cache.node.path": str(tmp_path / f"node-{len(clients)}")}
         values.update(overrides)
         settings = load_settings(None, values, environ={})
         app = create_app(settings, registry=CollectorRegistry(), tenants=tenants, clock=clock)

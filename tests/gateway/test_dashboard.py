@@ -310,7 +310,9 @@ async def test_dashboard_in_headless_chromium(aiohttp_client: Any, backend: Back
     assert "HIT" in dom.text["latency-body"] and "ms" in dom.text["latency-body"]
     assert "up" in dom.text["backend-body"]
     assert "public" in dom.text["tenant-body"] and "minilm" in dom.text["model-body"]
-    assert dom.text["redis-state"] == "off (L1 only)"  # embedded default: no Redis configured
+    # The embedded default: no Redis, the node tier on (its row shows its size).
+    assert dom.text["redis-state"] == "off (L1 + node)"
+    assert "node" in dom.text["tier-body"] and "KiB" in dom.text["tier-body"]
 
 
 async def test_dashboard_shows_an_error_when_stats_fail(aiohttp_client: Any) -> None:

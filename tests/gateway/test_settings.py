@@ -29,8 +29,8 @@ from tests.conftest import REPO
 from tests.gateway.conftest import gateway_env
 
 PATHS = {s.path for s in settings_fields()}
-SECTIONS = ("cache", "redis", "routing", "admission", "admission.adaptive", "policies",
-            "logging")
+SECTIONS = ("cache", "cache.node", "redis", "routing", "admission", "admission.adaptive",
+            "policies", "logging")
 
 
 def value_at(settings: Settings, path: str) -> Any:

@@ -1,0 +1,293 @@
+"""The node tier's storage: one LMDB environment in a directory, two rotating generations.
+
+LMDB is a memory-mapped B+tree with copy-on-write pages: a write transaction commits by
+switching one meta page, so a process killed mid-write leaves the last committed state intact
+(nothing to repair); readers see a snapshot and never block, and one writer at a time holds a
+lock shared by every process that opens the directory.
+
+Layout: named databases ``gen0`` and ``gen1`` hold entries; ``meta`` holds ``current`` (which
+of the two takes writes) and the layout ``version``. Bounded eviction by rotation: when the
+current generation's pages pass ``generation_bytes`` (a bit under half the map), one write
+transaction empties the previous generation (its entries count as evictions) and makes it
+current, so the swap is atomic for every process. A hit in the previous generation is moved
+into the current one (``promote``), so what is still read survives the next rotation.
+
+A key reads ``{model}:{scope_tag}:`` + the 16-byte digest: the model and the scope tag in clear
+so purges can find them, tenant ids never (``gateway.keys.scope_tag``). A value is the entry's
+deadline (f64, little-endian: the earlier of the entry's ``expires_at`` and the tier's own TTL)
+followed by ``Entry.encode()`` bytes, which check themselves.
+
+Nothing here is async or thread-aware: ``node.py`` reads on the event loop and writes on one
+writer thread. A process opens a directory once (LMDB forbids two opens in one process: closing
+one would drop the other's locks), so environments are shared per path with a reference count.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import lmdb
+
+from gateway.keys import CacheKey, scope_tag
+
+LAYOUT_VERSION = b"node-1"
+_DEADLINE = struct.Struct("<d")
+_MAX_KEY = 511  # LMDB's compiled-in key size limit
+#: Readers one directory accepts at once: each process holds about one slot (its loop thread's
+#: reusable read transaction), so this covers far more workers than a host runs.
+MAX_READERS = 1024
+#: Part of the map kept free of entries: copy-on-write pages of the transaction in progress,
+#: the free list, and pages freed by a rotation that a reader still sees.
+RESERVE_FRACTION = 0.125
+MIN_MAP_BYTES = 1024 * 1024
+
+KeyBytes = bytes
+
+
+@lru_cache(maxsize=4096)
+def _prefix(model: str, scope: str) -> bytes:
+    return f"{model}:{scope_tag(scope)}:".encode()
+
+
+def encode_key(key: CacheKey) -> KeyBytes | None:
+    """The LMDB key of a cache key; ``None`` if it would pass LMDB's key size limit."""
+    raw = _prefix(key.model, key.scope) + key.digest
+    return raw if len(raw) <= _MAX_KEY else None
+
+
+def key_matches(raw: bytes, model: str | None, tag: str | None) -> bool:
+    """Does a stored key belong to ``model`` / the scope with ``tag`` (None = any)?
+
+    Parsed from the right (digest, then tag), so a model name holding ``:`` is matched exactly.
+    """
+    if len(raw) < 16 + 18:
+        return False
+    head = raw[:-16]  # "{model}:{tag}:"
+    if head[-1:] != b":" or head[-18:-17] != b":":
+        return False
+    if tag is not None and head[-17:-1] != tag.encode():
+        return False
+    return model is None or head[:-18] == model.encode()
+
+
+def pack(deadline: float, blob: bytes) -> bytes:
+    return _DEADLINE.pack(deadline) + blob
+
+
+def unpack_deadline(value: bytes) -> float:
+    """The stored deadline; NaN for a value too short to hold one (never served)."""
+    if len(value) < _DEADLINE.size:
+        return float("nan")
+    return float(_DEADLINE.unpack_from(value)[0])
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one write transaction did."""
+
+    stored: int = 0
+    evicted: int = 0
+    rotations: int = 0
+    bytes: int = 0
+
+
+class _Shared:
+    """One open environment per directory and process, with its users counted."""
+
+    lock = threading.Lock()
+    envs: dict[str, tuple[lmdb.Environment, int]] = {}
+
+
+def _open_env(path: str, map_size: int) -> lmdb.Environment:
+    real = os.path.realpath(path)
+    with _Shared.lock:
+        found = _Shared.envs.get(real)
+        if found is not None:
+            _Shared.envs[real] = (found[0], found[1] + 1)
+            return found[0]
+        os.makedirs(real, mode=0o700, exist_ok=True)
+        # sync + no metasync: one fdatasync per commit (on the writer thread, never the loop);
+        # a machine crash may lose the last commit but never corrupts (LMDB keeps ACI).
+        # readahead off: lookups are random, and a map bigger than RAM must not evict the hot set.
+        env = lmdb.open(real, map_size=map_size, subdir=True, max_dbs=4, max_readers=MAX_READERS,
+                        sync=True, metasync=False, readahead=False, meminit=False, lock=True)
+        _Shared.envs[real] = (env, 1)
+        return env
+
+
+def _close_env(env: lmdb.Environment) -> None:
+    with _Shared.lock:
+        for real, (found, users) in list(_Shared.envs.items()):
+            if found is env:
+                if users > 1:
+                    _Shared.envs[real] = (found, users - 1)
+                    return
+                del _Shared.envs[real]
+                break
+    env.close()
+
+
+class GenerationStore:
+    """Two rotating generations in one LMDB environment (see the module docstring)."""
+
+    def __init__(self, path: str, max_bytes: int) -> None:
+        self.path = path
+        self.map_size = max(max_bytes, MIN_MAP_BYTES)
+        self.generation_bytes = int(self.map_size * (1.0 - RESERVE_FRACTION) / 2)
+        self.env = _open_env(path, self.map_size)
+        try:
+            with self.env.begin(write=True) as txn:
+                self._meta = self.env.open_db(b"meta", txn=txn)
+                self._gens = (self.env.open_db(b"gen0", txn=txn),
+                              self.env.open_db(b"gen1", txn=txn))
+                if txn.get(b"version", db=self._meta) != LAYOUT_VERSION:
+                    # A directory from another layout: its entries mean nothing here.
+                    for db in self._gens:
+                        txn.drop(db, delete=False)
+                    txn.put(b"version", LAYOUT_VERSION, db=self._meta)
+                    txn.put(b"current", b"0", db=self._meta)
+            self.psize = int(self.env.stat()["psize"])
+            self.reader_check()
+        except BaseException:
+            _close_env(self.env)
+            raise
+
+    def close(self) -> None:
+        _close_env(self.env)
+
+    def reader_check(self) -> int:
+        """Free the reader slots of processes that died mid-read; returns how many."""
+        return int(self.env.reader_check())
+
+    def _roles(self, txn: lmdb.Transaction[bytes]) -> tuple[lmdb._Database, lmdb._Database]:
+        """(current, previous) as this transaction sees them."""
+        cur = 1 if txn.get(b"current", db=self._meta) == b"1" else 0
+        return self._gens[cur], self._gens[1 - cur]
+
+    # -- reads (event loop thread) -------------------------------------------------------------
+
+    def read(self, keys: Sequence[KeyBytes | None]) -> tuple[list[bytes | None], list[KeyBytes]]:
+        """Stored values for ``keys`` in one snapshot, and the keys found only in the previous
+        generation (for the caller to ``promote``)."""
+        out: list[bytes | None] = []
+        old: list[KeyBytes] = []
+        with self.env.begin(buffers=False) as txn:
+            cur, prev = self._roles(txn)
+            get = txn.get
+            for raw in keys:
+                if raw is None:
+                    out.append(None)
+                    continue
+                value = get(raw, db=cur)
+                if value is None:
+                    value = get(raw, db=prev)
+                    if value is not None:
+                        old.append(raw)
+                out.append(value)
+        return out, old
+
+    def used_bytes(self) -> tuple[int, int]:
+        """(bytes of pages both generations hold, entries in both)."""
+        with self.env.begin() as txn:
+            return self._usage(txn)
+
+    def _usage(self, txn: lmdb.Transaction[bytes]) -> tuple[int, int]:
+        pages = entries = 0
+        for db in self._gens:
+            s = txn.stat(db)
+            pages += s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
+            entries += s["entries"]
+        return pages * self.psize, entries
+
+    def _pages(self, txn: lmdb.Transaction, db: lmdb._Database) -> int:
+        s = txn.stat(db)
+        return (s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]) * self.psize
+
+    # -- writes (the writer thread) --------------------------------------------------------------
+
+    def write(self, puts: Sequence[tuple[KeyBytes, bytes]], promotes: Iterable[KeyBytes],
+              deletes: Iterable[KeyBytes] = ()) -> tuple[WriteResult, int]:
+        """One transaction: ``deletes``, then ``puts`` into the current generation, then moves of
+        ``promotes`` from the previous one (if still there and not newer in the current), then a
+        rotation if the current generation passed its bound. Returns what it did and how many
+        ``deletes`` existed. Raises ``lmdb.MapFullError`` (nothing written) when the map is full.
+        """
+        with self.env.begin(write=True) as txn:
+            cur, prev = self._roles(txn)
+            deleted = 0
+            for raw in deletes:
+                deleted += int(txn.delete(raw, db=cur)) + int(txn.delete(raw, db=prev))
+            stored = 0
+            for raw, value in puts:
+                txn.put(raw, value, db=cur)
+                stored += 1
+            for raw in promotes:
+                old = txn.get(raw, db=prev)
+                if old is not None and txn.put(raw, old, db=cur, overwrite=False):
+                    txn.delete(raw, db=prev)
+            evicted = rotations = 0
+            if self._pages(txn, cur) >= self.generation_bytes:
+                evicted = self._rotate(txn)
+                rotations = 1
+            used, _ = self._usage(txn)
+        return WriteResult(stored, evicted, rotations, used), deleted
+
+    def rotate(self) -> WriteResult:
+        """Rotate now (one transaction): empty the previous generation and make it current."""
+        with self.env.begin(write=True) as txn:
+            evicted = self._rotate(txn)
+            used, _ = self._usage(txn)
+        return WriteResult(evicted=evicted, rotations=1, bytes=used)
+
+    def _rotate(self, txn: lmdb.Transaction[bytes]) -> int:
+        _, prev = self._roles(txn)
+        evicted = int(txn.stat(prev)["entries"])
+        txn.drop(prev, delete=False)
+        txn.put(b"current", b"1" if prev is self._gens[1] else b"0", db=self._meta)
+        txn.put(b"rotations", b"%d" % (self._rotations(txn) + 1), db=self._meta)
+        return evicted
+
+    def _rotations(self, txn: lmdb.Transaction[bytes]) -> int:
+        return int(txn.get(b"rotations", b"0", db=self._meta))
+
+    def rotations(self) -> int:
+        """Rotations since the directory was created (every process's)."""
+        with self.env.begin() as txn:
+            return self._rotations(txn)
+
+    def purge(self, model: str | None, tag: str | None) -> tuple[int, int]:
+        """Remove every entry of ``model`` and/or the scope with ``tag`` (None = any), in one
+        transaction; returns (removed, bytes in use after)."""
+        removed = 0
+        with self.env.begin(write=True) as txn:
+            for db in self._gens:
+                if model is None and tag is None:
+                    removed += int(txn.stat(db)["entries"])
+                    txn.drop(db, delete=False)
+                    continue
+                removed += self._purge_db(txn, db, model, tag)
+            used, _ = self._usage(txn)
+        return removed, used
+
+    @staticmethod
+    def _purge_db(txn: lmdb.Transaction[bytes], db: lmdb._Database, model: str | None,
+                  tag: str | None) -> int:
+        cursor = txn.cursor(db=db)
+        # With a model the keys to look at are contiguous from "{model}:"; else scan them all.
+        start = b"" if model is None else model.encode() + b":"
+        if not (cursor.set_range(start) if start else cursor.first()):
+            return 0
+        doomed: list[bytes] = []
+        for raw in cursor.iternext(keys=True, values=False):
+            if start and not raw.startswith(start):
+                break
+            if key_matches(raw, model, tag):
+                doomed.append(raw)
+        for raw in doomed:
+            txn.delete(raw, db=db)
+        return len(doomed)

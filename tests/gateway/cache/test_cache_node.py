@@ -1,0 +1,278 @@
+"""The node tier on its own: a real LMDB directory per test (never the default one)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+
+from gateway.cache.base import CacheTier
+from gateway.cache.entry import Entry
+from gateway.cache.node import NodeCache
+from gateway.cache.nodestore import encode_key, pack
+from gateway.cache.settings import NodeCacheSettings, default_node_path
+from gateway.keys import CacheKey, derive_key, scope_tag
+from gateway.observe import NullObserver
+
+MiB = 1024 * 1024
+
+
+class Recorder(NullObserver):
+    """Counts the node tier's events."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.bytes: dict[str, int] = {}
+
+    def cache_lookups(self, tier: str, result: str, items: int) -> None:
+        self.counts[(tier, result)] += items
+
+    def cache_stored(self, tier: str, items: int) -> None:
+        self.counts[(tier, "stored")] += items
+
+    def cache_errors(self, tier: str, items: int) -> None:
+        self.counts[(tier, "error")] += items
+
+    def cache_evictions(self, tier: str, items: int) -> None:
+        self.counts[(tier, "evicted")] += items
+
+    def cache_bytes(self, tier: str, n: int) -> None:
+        self.bytes[tier] = n
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def k(text: str, model: str = "minilm", scope: str = "tenant-a") -> CacheKey:
+    return derive_key(route="/v1/embeddings", model=model, model_version="1", scope=scope,
+                      normalization="n1", canonical=text.encode())
+
+
+def entry(value: bytes, now: float, ttl: float = 3600.0, **kw: Any) -> Entry:
+    return Entry(value, now, ttl, **kw)
+
+
+Factory = Callable[..., NodeCache]
+
+
+@pytest.fixture
+async def open_node(tmp_path: Path) -> AsyncIterator[Factory]:
+    """``open_node(**settings)`` -> a NodeCache on ``tmp_path/node`` (closed afterwards)."""
+    opened: list[NodeCache] = []
+
+    def make(*, observer: Any = None, clock: Callable[[], float] = time.time,
+             **settings: Any) -> NodeCache:
+        values: dict[str, Any] = {"path": str(tmp_path / "node")}
+        values.update(settings)
+        node = NodeCache(NodeCacheSettings(**values), observer=observer or Recorder(),
+                         clock=clock)
+        opened.append(node)
+        return node
+
+    yield make
+    for node in opened:
+        await node.close()
+
+
+async def test_set_then_get_round_trips_and_misses_stay_misses(open_node: Factory) -> None:
+    rec = Recorder()
+    node = open_node(observer=rec)
+    assert isinstance(node, CacheTier)
+    now = time.time()
+    a, b = entry(b"A" * 1536, now, meta=b"m"), entry(b"B", now, stale_if_error_s=60)
+    await node.set_many([(k("a"), a), (k("b"), b)])
+    got = await node.get_many([k("a"), k("nope"), k("b")])
+    assert got == [a, None, b]
+    assert rec.counts[("node", "stored")] == 2
+    assert 0 < rec.bytes["node"] <= node.stats().max_bytes
+    assert node.stats().entries == 2
+
+
+async def test_entries_expire_and_the_tier_ttl_caps_them(open_node: Factory) -> None:
+    clock = Clock()
+    node = open_node(clock=clock, ttl_s=100)
+    long = entry(b"long", clock.now, ttl=3600)
+    short = entry(b"short", clock.now, ttl=10, stale_while_revalidate_s=5)
+    await node.set_many([(k("long"), long), (k("short"), short)])
+    clock.now += 14.9
+    assert await node.get_many([k("long"), k("short")]) == [long, short]  # short: stale, served
+    clock.now += 0.2
+    assert await node.get_many([k("long"), k("short")]) == [long, None]
+    clock.now += 85.0  # 100.1 s after the store: past the tier's own ttl_s
+    assert await node.get_many([k("long")]) == [None]
+    assert await node.store([(k("gone"), entry(b"x", clock.now - 4000, ttl=10))]) == 0
+
+
+async def test_purge_by_model_by_scope_and_all(open_node: Factory) -> None:
+    node = open_node()
+    now = time.time()
+    keys = [k(f"t{i}", model=m, scope=s) for i in range(3)
+            for m in ("minilm", "minilm:v2", "other") for s in ("tenant-a", "shared")]
+    await node.set_many([(key, entry(key.digest, now)) for key in keys])
+    assert await node.purge(model="minilm") == 6, "model 'minilm:v2' is a different model"
+    left = await node.get_many(keys)
+    assert [key for key, e in zip(keys, left, strict=True) if e is not None] == [
+        key for key in keys if key.model != "minilm"]
+    assert await node.purge(scope="tenant-a") == 6
+    assert await node.purge(model="other", scope="shared") == 3
+    assert [key for key, e in zip(keys, await node.get_many(keys), strict=True) if e] == [
+        key for key in keys if key.model == "minilm:v2" and key.scope == "shared"]
+    assert await node.purge() == 3
+    assert await node.get_many(keys) == [None] * len(keys)
+    assert await node.delete_many([keys[0]]) == 0
+
+
+async def test_tenant_ids_are_never_stored_in_clear(open_node: Factory, tmp_path: Path) -> None:
+    node = open_node()
+    await node.set_many([(k("text", scope="tenant-acme-corp"), entry(b"v", time.time()))])
+    await node.close()
+    data = (tmp_path / "node" / "data.mdb").read_bytes()
+    assert b"tenant-acme-corp" not in data
+    assert scope_tag("tenant-acme-corp").encode() in data, "the scope tag names it instead"
+    assert b"minilm:" in data
+
+
+async def test_delete_many_counts_what_existed(open_node: Factory) -> None:
+    node = open_node()
+    now = time.time()
+    await node.set_many([(k("a"), entry(b"A", now)), (k("b"), entry(b"B", now))])
+    assert await node.delete_many([k("a"), k("zz")]) == 1
+    assert await node.get_many([k("a"), k("b")]) == [None, entry(b"B", now)]
+
+
+async def test_corrupt_values_are_misses_and_counted(open_node: Factory) -> None:
+    rec = Recorder()
+    node = open_node(observer=rec)
+    now = time.time()
+    good = entry(b"good", now)
+    await node.set_many([(k("good"), good)])
+    blob = bytearray(good.encode())
+    blob[-1] ^= 0xFF  # one flipped bit in the value: the checksum no longer matches
+    store = node._store
+    with store.env.begin(write=True) as txn:
+        cur, _ = store._roles(txn)
+        for name, value in (("flipped", pack(now + 60, bytes(blob))), ("short", b"\x01\x02"),
+                            ("garbage", pack(now + 60, b"not an entry at all"))):
+            raw = encode_key(k(name))
+            assert raw is not None
+            txn.put(raw, value, db=cur)
+    got = await node.get_many([k("flipped"), k("short"), k("garbage"), k("good")])
+    assert got == [None, None, None, good]
+    assert rec.counts[("node", "error")] == 2, "the short value has no deadline: just a miss"
+
+
+async def test_rotation_keeps_the_byte_bound_and_counts_evictions(
+        open_node: Factory, tmp_path: Path) -> None:
+    rec = Recorder()
+    node = open_node(observer=rec, max_bytes=2 * MiB)
+    now = time.time()
+    total = 3000  # ~1.7 KB each: about 5 MB written through a 2 MiB tier
+    for start in range(0, total, 100):
+        await node.set_many([(k(f"unique {i}"), entry(i.to_bytes(4, "big") * 400, now))
+                             for i in range(start, start + 100)])
+        stats = node.stats()
+        assert stats.bytes <= 2 * MiB
+        assert (tmp_path / "node" / "data.mdb").stat().st_size <= 2 * MiB
+    evicted = rec.counts[("node", "evicted")]
+    kept = node.stats().entries
+    assert evicted > 0 and kept > 0
+    assert evicted + kept == total, "every entry written is either kept or counted evicted"
+    latest = await node.get_many([k(f"unique {i}") for i in range(total - 100, total)])
+    assert all(e is not None and e.value == i.to_bytes(4, "big") * 400
+               for i, e in zip(range(total - 100, total), latest, strict=True))
+    assert await node.get_many([k("unique 0")]) == [None]
+    assert rec.bytes["node"] == node.stats().bytes
+
+
+async def test_a_hit_in_the_previous_generation_moves_into_the_current(
+        open_node: Factory) -> None:
+    node = open_node()
+    now = time.time()
+    keep, lose = entry(b"read again", now), entry(b"never read", now)
+    await node.set_many([(k("keep"), keep), (k("lose"), lose)])
+    node._store.rotate()  # both now in the previous generation
+    assert await node.get_many([k("keep")]) == [keep]
+    await node.flush()  # the move is a background write
+    node._store.rotate()  # empties the generation "lose" is still in
+    assert await node.get_many([k("keep"), k("lose")]) == [keep, None]
+
+
+async def test_a_batch_that_cannot_fit_is_dropped_not_raised(open_node: Factory) -> None:
+    rec = Recorder()
+    node = open_node(observer=rec, max_bytes=MiB)
+    now = time.time()
+    huge = [(k(f"big {i}"), entry(bytes(64 * 1024), now)) for i in range(32)]  # 2 MiB at once
+    assert await node.store(huge) == 0
+    assert rec.counts[("node", "error")] == 32
+    small = entry(b"fits", now)
+    assert await node.store([(k("small"), small)]) == 1
+    assert await node.get_many([k("small")]) == [small]
+
+
+async def test_entries_survive_close_and_reopen(open_node: Factory) -> None:
+    now = time.time()
+    first = open_node()
+    await first.set_many([(k(f"t{i}"), entry(bytes([i]) * 100, now)) for i in range(50)])
+    await first.close()
+    again = open_node()
+    got = await again.get_many([k(f"t{i}") for i in range(50)])
+    assert got == [entry(bytes([i]) * 100, now) for i in range(50)]
+
+
+async def test_close_waits_for_queued_writes(open_node: Factory) -> None:
+    now = time.time()
+    node = open_node()
+    node._submit("write", ([(encode_key(k("queued")), pack(now + 60, entry(b"q", now).encode()))],
+                           []), 1)
+    await node.close()
+    assert await open_node().get_many([k("queued")]) == [entry(b"q", now)]
+
+
+async def test_a_closed_tier_answers_misses_and_drops_writes(open_node: Factory) -> None:
+    node = open_node()
+    await node.close()
+    assert node.lookup([k("a")]) == ([None], False)
+    assert await node.store([(k("a"), entry(b"A", time.time()))]) == 0
+
+
+def test_one_directory_opens_once_per_process(tmp_path: Path) -> None:
+    """LMDB must not be opened twice by one process: two tiers on a path share one env."""
+    settings = NodeCacheSettings(path=str(tmp_path / "shared"))
+    a = NodeCache(settings, observer=Recorder())
+    b = NodeCache(settings, observer=Recorder())
+    assert a._store.env is b._store.env
+    a._store.close()
+    with a._store.env.begin() as txn:  # still open for b
+        assert txn.stat()["entries"] >= 0
+    b._store.close()
+    with pytest.raises(lmdb.Error):
+        b._store.env.begin()
+    a._writer.shutdown()
+    b._writer.shutdown()
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("enabled", "yes"), ("path", ""), ("path", "  "), ("max_bytes", 1024), ("max_bytes", 2.5),
+    ("max_bytes", True), ("ttl_s", 0), ("ttl_s", float("inf")), ("ttl_s", "1d"),
+])
+def test_settings_name_the_bad_field(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        NodeCacheSettings(**{field: value})
+
+
+def test_default_node_path_is_per_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_node_path() == str(tmp_path / "edge-gateway" / "node")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/is/ignored")
+    assert default_node_path() == str(Path.home() / ".cache" / "edge-gateway" / "node")
+    assert NodeCacheSettings().path == default_node_path()
