@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 import orjson
 
-MODES = ("all", "sampled", "errors", "off")
+MODES = ("all", "sampled", "errors", "off")  # the logging.access_log setting
 
 
 class AccessLog:

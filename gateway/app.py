@@ -64,9 +64,10 @@ def create_app(
     settings.require_backends()
     metrics = GatewayMetrics(registry)
     observer = MetricsObserver(metrics)
+    logs = settings.logging
     # Per-request lines only at INFO and below, as before (errors are logged on their own).
-    access_log = AccessLog(mode="all" if settings.logging.level in ("DEBUG", "INFO")
-                           else "off")
+    access_log = AccessLog(mode=logs.access_log if logs.level in ("DEBUG", "INFO") else "off",
+                           sample=logs.access_log_sample, slow_ms=logs.slow_ms)
     app = web.Application(
         middlewares=[make_error_middleware(observer, access_log)],
         client_max_size=settings.max_body_bytes,

@@ -21,6 +21,7 @@ from gateway.validation import SettingsError
 
 MiB = 1024 * 1024
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+ACCESS_LOG_MODES = ("all", "sampled", "errors", "off")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,12 +49,22 @@ class LoggingSettings:
     """DEBUG, INFO, WARNING or ERROR (any case)."""
     request_text: bool = False
     """Debug only: include request text in log lines. Never enable it in production."""
+    access_log: str = "all"
+    """Per-request lines: all, sampled (a share of successes; every error and slow request),
+    errors (errors and slow requests only) or off. Only written at level INFO or DEBUG."""
+    access_log_sample: float = 0.01
+    """The share of successful requests ``sampled`` writes (0 to 1)."""
+    slow_ms: float = 1000.0
+    """A request slower than this is always logged (sampled and errors modes)."""
 
     def __post_init__(self) -> None:
         level = self.level.upper() if isinstance(self.level, str) else self.level
         check.one_of("level", level, LOG_LEVELS)
         object.__setattr__(self, "level", level)
         check.boolean("request_text", self.request_text)
+        check.one_of("access_log", self.access_log, ACCESS_LOG_MODES)
+        check.between("access_log_sample", self.access_log_sample, 0.0, 1.0)
+        check.positive("slow_ms", self.slow_ms)
 
 
 def _default_aliases() -> dict[str, str]:

@@ -195,6 +195,7 @@ def sample(setting: Setting) -> tuple[object, object, str]:
         "model_aliases": ({"ada": "minilm"}, {"ada": "minilm"}, "ada=minilm"),
         "redis.url": ("redis://cache.example:6380/2",) * 2 + ("redis://cache.example:6380/2",),
         "logging.level": ("DEBUG", "DEBUG", "debug"),
+        "logging.access_log": ("sampled", "sampled", "sampled"),
     }
     if setting.path in special:
         return special[setting.path]
