@@ -46,13 +46,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _add_serve(commands: Any) -> None:
     serve = commands.add_parser(
-        "serve", help="serve the model repository over OIP v2 REST",
-        description="Serve every model in the repository (Open Inference Protocol v2 REST, "
-        "OpenAI-compatible /v1/embeddings, /metrics). Flags override BACKEND_* variables.",
+        "serve", help="serve the model repository over OIP v2 REST and gRPC",
+        description="Serve every model in the repository (Open Inference Protocol v2 over REST "
+        "and gRPC, OpenAI-compatible /v1/embeddings, /metrics). Flags override BACKEND_* "
+        "variables.",
     )
     serve.add_argument("--models", dest="models_dir", help="model repository (default: models)")
     serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: 8001)")
+    serve.add_argument("--grpc-port", type=int,
+                       help="OIP gRPC port (default: 8002 when free, else REST only with a "
+                       "warning; 0: off)")
     serve.add_argument("--device", choices=["auto", "cpu", "cuda"],
                        help="auto: GPU when one works, else CPU (default); cuda: GPU or exit 2")
     serve.add_argument("--threads", type=int, help="ONNX Runtime threads (default: all cores)")
@@ -95,16 +99,17 @@ def _add_build_model(commands: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
     from backend.app import create_app
     from backend.logs import configure_logging
     from backend.repository import RepositoryError
+    from backend.rpc.server import GrpcPortUnavailable
     from backend.runtime import DeviceUnavailable
+    from backend.server import serve
 
-    names = ("models_dir", "host", "port", "device", "threads", "variant", "region", "zone",
-             "max_batch_size", "max_queue_delay_ms", "max_queue_size", "max_items_per_request",
-             "max_text_bytes_per_request", "default_timeout_ms", "client_max_size", "log_level")
+    names = ("models_dir", "host", "port", "grpc_port", "device", "threads", "variant", "region",
+             "zone", "max_batch_size", "max_queue_delay_ms", "max_queue_size",
+             "max_items_per_request", "max_text_bytes_per_request", "default_timeout_ms",
+             "client_max_size", "log_level")
     overrides = {name: getattr(args, name) for name in names}
     if overrides["models_dir"] is not None:
         overrides["models_dir"] = Path(overrides["models_dir"])
@@ -114,19 +119,17 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    loop = _new_event_loop()
+    asyncio.set_event_loop(loop)
     try:
-        web.run_app(
-            create_app(settings),
-            host=settings.host,
-            port=settings.port,
-            loop=_new_event_loop(),
-            print=None,
-            access_log=None,  # our middleware logs each request as a JSON line
-        )
-    except (DeviceUnavailable, RepositoryError) as exc:
+        loop.run_until_complete(serve(create_app(settings), settings))
+    except (DeviceUnavailable, RepositoryError, GrpcPortUnavailable) as exc:
         log.error("cannot start", extra={"fields": {"error": str(exc)}})
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
     return 0
 
 

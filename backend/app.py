@@ -11,6 +11,9 @@ Routes (Open Inference Protocol v2 REST, plus OpenAI-compatible embeddings and m
     GET  /metrics                                       Prometheus text format
     GET  /openapi.json                                  this API as an OpenAPI 3.1 document
 
+The same data plane also serves the Open Inference Protocol over gRPC on ``grpc_port``, in this
+event loop (``backend/rpc``): started after the data plane, stopped before it.
+
 Models are loaded during startup (so a bad repository or ``--device cuda`` without a GPU stops
 the server before it listens) unless the caller passes them in; warm-up then runs in the
 background while the server is live but not ready.
@@ -31,6 +34,8 @@ from backend.handlers import DATAPLANE, METRICS
 from backend.metrics import BackendMetrics
 from backend.middleware import errors, request_context
 from backend.model import EmbeddingModel, load_models
+from backend.rpc.server import grpc_server
+from backend.server import MAX_FIELD_SIZE, MAX_LINE_SIZE
 from backend.settings import ServeSettings
 
 SETTINGS = web.AppKey("settings", ServeSettings)
@@ -54,10 +59,13 @@ def create_app(
     app = web.Application(
         client_max_size=settings.client_max_size,
         middlewares=[request_context(metrics=metrics, log_requests=settings.access_log), errors],
+        handler_args={"max_line_size": MAX_LINE_SIZE, "max_field_size": MAX_FIELD_SIZE},
     )
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app.cleanup_ctx.append(_data_plane(settings, metrics, models))
+    if settings.grpc_listen_port:
+        app.cleanup_ctx.append(_grpc(settings, metrics))
     _add_routes(app)
     return app
 
@@ -79,6 +87,15 @@ def _data_plane(
             yield
         finally:
             await plane.close()
+
+    return context
+
+
+def _grpc(settings: ServeSettings, metrics: BackendMetrics
+          ) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        async with grpc_server(app[DATAPLANE], metrics, settings):
+            yield
 
     return context
 

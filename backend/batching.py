@@ -3,9 +3,12 @@
 Callers ``await batcher.submit(items)``; the batcher owns everything else, so model code only
 ever sees ``compute(list_of_items) -> results`` (run in a worker thread, off the event loop):
 
-- A batch is released when it is full (at once) or when its oldest item has waited
-  ``max_queue_delay_s``. While the worker computes, the next batch gathers, so under load
-  batches fill up by themselves.
+- Dispatch when a worker is free. A request that finds a worker idle is computed at once, alone
+  if it is alone: a lone request never waits for company. While every worker computes, arrivals
+  wait and form the next batch, which the first worker to free up takes at once (up to
+  ``max_batch_size`` items). So batches fill up by themselves under load and nothing waits when
+  idle: Triton's dynamic batcher with no queue delay. Requests that arrive in the same
+  event-loop turn share a batch (dispatch runs once per turn, after them).
 - Items are grouped by size (token length) to cut padding: under a backlog the batch is the
   run of ``max_batch_size`` length-sorted items that holds the oldest item (so nothing starves)
   with the least padding, and a batch of very mixed lengths is cut into a few calls when the
@@ -14,11 +17,17 @@ ever sees ``compute(list_of_items) -> results`` (run in a worker thread, off the
 - Deadlines: a request whose deadline passes while queued is dropped before compute and its
   caller gets ``DeadlineExpired``; a cancelled caller's items are dropped too.
 - One request's items may land in several batches; results come back in the request's order.
+
+Hand-offs, per batch: one ``executor.submit`` to a worker thread, and one
+``call_soon_threadsafe`` back, which resolves the callers' futures and dispatches the next
+batch in the same callback. There is no batching task and no task per batch: a lone request
+costs exactly one thread hand-off each way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -85,12 +94,13 @@ class _Request:
     __slots__ = ("batch_size", "compute_s", "deadline", "enqueued", "future", "remaining",
                  "results")
 
-    def __init__(self, future: asyncio.Future[Any], n: int, deadline: float | None) -> None:
+    def __init__(self, future: asyncio.Future[Any], n: int, deadline: float | None,
+                 enqueued: float) -> None:
         self.future = future
         self.results: list[Any] = [None] * n
         self.remaining = n
         self.deadline = deadline
-        self.enqueued = time.monotonic()
+        self.enqueued = enqueued
         self.compute_s = 0.0
         self.batch_size = 0
 
@@ -104,6 +114,10 @@ class _Slot:
     seq: int  # arrival order across requests
 
 
+# What a worker hands back: per group its results and compute seconds, or the exception.
+_Outputs = list[tuple[Sequence[Any], float]]
+
+
 class DynamicBatcher(Generic[T, R]):
     """Batches items from concurrent ``submit`` calls into ``compute`` calls; see module doc."""
 
@@ -112,7 +126,6 @@ class DynamicBatcher(Generic[T, R]):
         compute: Callable[[list[T]], Sequence[R]],
         *,
         max_batch_size: int,
-        max_queue_delay_s: float,
         max_queue_size: int,
         size_of: Callable[[T], int] = lambda _: 1,
         workers: int = 1,
@@ -120,22 +133,22 @@ class DynamicBatcher(Generic[T, R]):
         observer: BatchObserver | None = None,
         name: str = "batcher",
     ) -> None:
-        if max_batch_size < 1 or max_queue_size < 1 or workers < 1 or max_queue_delay_s < 0:
-            raise ValueError("batch size, queue size and workers must be >= 1; delay >= 0")
+        if max_batch_size < 1 or max_queue_size < 1 or workers < 1:
+            raise ValueError("batch size, queue size and workers must be >= 1")
         self.max_batch_size = max_batch_size
-        self.max_queue_delay_s = max_queue_delay_s
         self.max_queue_size = max_queue_size
+        self.workers = workers
         self._compute = compute
         self._size_of = size_of
         self._split_cost = split_cost
         self._observer: BatchObserver = observer or _NullObserver()
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"{name}-compute")
-        self._free_workers = asyncio.Semaphore(workers)
+        self._idle = workers  # workers not computing a batch
         self._pending: list[_Slot] = []
         self._seq = itertools.count()
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._dispatch_scheduled = False
+        self._drained: asyncio.Future[None] | None = None  # set by close() while batches run
         self._closed = False
         self._item_s = 0.0  # EWMA of compute seconds per item, for Retry-After estimates
 
@@ -144,37 +157,29 @@ class DynamicBatcher(Generic[T, R]):
         """Items waiting (not yet in a batch)."""
         return len(self._pending)
 
-    def start(self) -> None:
-        """Starts the batching loop; call from inside the running event loop."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-            self._task.add_done_callback(self._loop_ended)
+    @property
+    def busy_workers(self) -> int:
+        """Workers computing a batch now."""
+        return self.workers - self._idle
 
-    def _loop_ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
-            return
-        # A bug, not a load condition: refuse new work (503) rather than let it wait forever.
-        log.error("batching loop crashed", exc_info=task.exception())
-        self._closed = True
-        for slot in self._pending:
-            _fail(slot.req, BatcherClosed("batching loop crashed"))
-        self._pending.clear()
+    def start(self) -> None:
+        """Binds the batcher to the running event loop; call from inside it before ``submit``."""
+        self._loop = asyncio.get_running_loop()
 
     async def close(self) -> None:
         """Fails what is still queued with ``BatcherClosed``, waits for running batches."""
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
         for slot in self._pending:
             _fail(slot.req, BatcherClosed("shutting down"))
         self._pending.clear()
-        await asyncio.gather(*self._inflight, return_exceptions=True)
+        if self._idle < self.workers:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
         self._executor.shutdown(wait=False)
 
     def estimated_wait_s(self, extra_items: int = 0) -> float:
         """Rough time to drain the queue (plus ``extra_items``), from recent compute speed."""
-        return (self.depth + extra_items) * self._item_s + self.max_queue_delay_s
+        return (self.depth + extra_items) * self._item_s / self.workers
 
     async def submit(
         self, items: Sequence[T], *, timeout_s: float | None = None
@@ -194,12 +199,20 @@ class DynamicBatcher(Generic[T, R]):
             raise QueueFull(len(self._pending), self.max_queue_size, self.estimated_wait_s(n))
         if timeout_s is not None and timeout_s <= 0:
             raise DeadlineExpired("deadline passed before queueing")
-        future: asyncio.Future[BatchOutcome[R]] = asyncio.get_running_loop().create_future()
-        req = _Request(future, n, None if timeout_s is None else time.monotonic() + timeout_s)
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("DynamicBatcher.start() was not called")
+        future: asyncio.Future[BatchOutcome[R]] = loop.create_future()
+        now = time.monotonic()
+        req = _Request(future, n, None if timeout_s is None else now + timeout_s, now)
+        size_of, seq, pending = self._size_of, self._seq, self._pending
         for index, item in enumerate(items):
-            self._pending.append(_Slot(req, index, item, self._size_of(item), next(self._seq)))
-        self._observer.queue_depth(len(self._pending))
-        self._wake.set()
+            pending.append(_Slot(req, index, item, size_of(item), next(seq)))
+        self._observer.queue_depth(len(pending))
+        if self._idle and not self._dispatch_scheduled:
+            # After this loop turn, so that requests arriving in the same turn share a batch.
+            self._dispatch_scheduled = True
+            loop.call_soon(self._dispatch)
         try:
             if timeout_s is None:
                 return await future
@@ -219,37 +232,27 @@ class DynamicBatcher(Generic[T, R]):
             self._pending = [slot for slot in self._pending if slot.req is not req]
             self._observer.queue_depth(len(self._pending))
 
-    async def _run(self) -> None:
-        while True:
-            if not self._pending:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            await self._gather()
-            await self._free_workers.acquire()
+    def _dispatch(self) -> None:
+        """Hands batches to idle workers while both exist (on the event loop)."""
+        self._dispatch_scheduled = False
+        loop = self._loop
+        while loop is not None and self._idle and self._pending and not self._closed:
             batch = self._take()
             if not batch:
-                self._free_workers.release()
-                continue
-            task = asyncio.get_running_loop().create_task(self._execute(batch))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
-
-    async def _gather(self) -> None:
-        """Waits until a full batch is pending or the oldest item has waited the max delay."""
-        while self._pending and len(self._pending) < self.max_batch_size:
-            wait = self._pending[0].req.enqueued + self.max_queue_delay_s - time.monotonic()
-            if wait <= 0:
                 return
-            self._wake.clear()
+            bounds = plan_groups([slot.size for slot in batch], self._split_cost)
+            groups = [[slot.item for slot in batch[lo:hi]] for lo, hi in bounds]
+            self._idle -= 1
             try:
-                async with asyncio.timeout(wait):
-                    await self._wake.wait()
-            except TimeoutError:
+                self._executor.submit(self._work, loop, batch, bounds, groups)
+            except RuntimeError as exc:  # the executor is shut down
+                self._idle += 1
+                for slot in batch:
+                    _fail(slot.req, BatcherClosed(str(exc)))
                 return
 
     def _take(self) -> list[_Slot]:
-        """Drops expired requests, then picks the next batch (sorted by size)."""
+        """Drops expired and abandoned requests, then picks the next batch (sorted by size)."""
         now = time.monotonic()
         live: list[_Slot] = []
         for slot in self._pending:
@@ -264,24 +267,40 @@ class DynamicBatcher(Generic[T, R]):
         self._observer.queue_depth(len(self._pending))
         return batch
 
-    async def _execute(self, batch: list[_Slot]) -> None:
+    def _work(self, loop: asyncio.AbstractEventLoop, batch: list[_Slot],
+              bounds: list[tuple[int, int]], groups: list[list[T]]) -> None:
+        """In a worker thread: computes every group, then hands the outcome to the loop."""
+        outputs: _Outputs | None = None
+        error: BaseException | None = None
         try:
-            bounds = plan_groups([slot.size for slot in batch], self._split_cost)
-            groups = [batch[lo:hi] for lo, hi in bounds]
-            loop = asyncio.get_running_loop()
-            try:
-                outputs = await loop.run_in_executor(
-                    self._executor, _compute_groups, self._compute,
-                    [[slot.item for slot in group] for group in groups],
-                )
-            except Exception as exc:
+            outputs = _compute_groups(self._compute, groups)
+        except Exception as exc:  # the callers get it
+            error = exc
+        except BaseException as exc:  # never strand the callers, whatever was raised
+            error = RuntimeError(f"compute raised {type(exc).__name__}")
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to answer
+            loop.call_soon_threadsafe(self._finished, batch, bounds, outputs, error)
+
+    def _finished(self, batch: list[_Slot], bounds: list[tuple[int, int]],
+                  outputs: _Outputs | None, error: BaseException | None) -> None:
+        """On the loop: delivers a batch's results, frees its worker, dispatches the next."""
+        self._idle += 1
+        try:
+            if outputs is None:
                 for slot in batch:
-                    _fail(slot.req, exc)
-                return
-            for group, (results, compute_s) in zip(groups, outputs, strict=True):
-                self._record(group, results, compute_s)
-        finally:
-            self._free_workers.release()
+                    _fail(slot.req, error or RuntimeError("compute gave no result"))
+            else:
+                for (lo, hi), (results, compute_s) in zip(bounds, outputs, strict=True):
+                    self._record(batch[lo:hi], results, compute_s)
+        except Exception as exc:  # a bug here must not strand the batch's callers
+            log.error("delivering a batch failed", exc_info=exc)
+            for slot in batch:
+                _fail(slot.req, exc)
+        if self._drained is not None and self._idle == self.workers:
+            if not self._drained.done():
+                self._drained.set_result(None)
+            return
+        self._dispatch()
 
     def _record(self, group: list[_Slot], results: Sequence[R], compute_s: float) -> None:
         self._observer.batch_computed(len(group), compute_s)
@@ -292,6 +311,7 @@ class DynamicBatcher(Generic[T, R]):
                 _fail(slot.req, error)
             return
         charged: set[int] = set()
+        now = time.monotonic()
         for slot, result in zip(group, results, strict=True):
             req = slot.req
             if req.future.done():
@@ -303,7 +323,7 @@ class DynamicBatcher(Generic[T, R]):
                 req.batch_size = max(req.batch_size, len(group))
             req.remaining -= 1
             if req.remaining == 0:
-                queue_s = max(0.0, time.monotonic() - req.enqueued - req.compute_s)
+                queue_s = max(0.0, now - req.enqueued - req.compute_s)
                 req.future.set_result(
                     BatchOutcome(req.results, queue_s, req.compute_s, req.batch_size)
                 )
@@ -316,9 +336,9 @@ def _fail(req: _Request, exc: BaseException) -> None:
 
 def _compute_groups(
     compute: Callable[[list[T]], Sequence[R]], groups: list[list[T]]
-) -> list[tuple[Sequence[R], float]]:
+) -> _Outputs:
     """Runs in the worker thread: one ``compute`` call per group, each timed."""
-    out: list[tuple[Sequence[R], float]] = []
+    out: _Outputs = []
     for items in groups:
         started = time.perf_counter()
         results = compute(items)

@@ -1,8 +1,10 @@
-"""The data plane: model lookup, readiness, warm-up and batched inference, apart from HTTP.
+"""The data plane: model lookup, readiness, warm-up and batched inference, apart from transport.
 
-Both protocol adapters (OIP and OpenAI) call ``DataPlane.embed``; it tokenizes, hands the token
-sequences to the model's dynamic batcher and converts the batcher's and ONNX Runtime's errors
-into the backend's own (``QueueFull`` -> 503, ``DeadlineExpired`` -> 504, ...).
+Every protocol adapter (OIP over REST and gRPC, OpenAI) calls ``DataPlane.embed``; it checks
+the request's limits, hands the texts to the model's dynamic batcher (whose worker thread
+tokenizes and runs them) and converts the batcher's and ONNX Runtime's errors into the
+backend's own (``QueueFull`` -> ``Overloaded``, ``DeadlineExpired`` -> ``DeadlineExceeded``,
+...).
 """
 
 from __future__ import annotations
@@ -19,18 +21,20 @@ import numpy.typing as npt
 
 import backend
 from backend.batching import BatcherClosed, DeadlineExpired, DynamicBatcher, QueueFull
-from backend.errors import BackendError, DeadlineExceeded, ModelNotFound, Unavailable
+from backend.errors import (
+    BackendError,
+    DeadlineExceeded,
+    ModelNotFound,
+    Overloaded,
+    Unavailable,
+)
 from backend.limits import RequestLimits
 from backend.metrics import BackendMetrics
-from backend.model import Embedding, EmbeddingModel
+from backend.model import Embedded, EmbeddingModel
 from backend.runtime import InferenceFailed
 from backend.settings import ServeSettings
-from backend.tokenizer import IdArray
 
 SERVER_NAME = "edge-backend"
-# Below this many characters a request is tokenized on the event loop: the Rust tokenizer takes
-# microseconds there, less than a hop to a thread and back.
-INLINE_TOKENIZE_CHARS = 4096
 
 log = logging.getLogger("backend.dataplane")
 
@@ -59,13 +63,12 @@ class ServedModel:
         self.max_items = min(settings.max_items_per_request, queue_size)
         self.limits = RequestLimits(max_items=self.max_items,
                                     max_text_bytes=settings.max_text_bytes_per_request)
-        delay_ms = settings.max_queue_delay_ms
-        self.batcher: DynamicBatcher[IdArray, Embedding] = DynamicBatcher(
-            model.compute,
+        # No max_queue_delay: a free worker takes the pending batch at once (batching.py).
+        self.batcher: DynamicBatcher[str, Embedded] = DynamicBatcher(
+            model.embed,
             max_batch_size=self.max_batch_size,
-            max_queue_delay_s=(config.max_queue_delay_ms if delay_ms is None else delay_ms) / 1e3,
             max_queue_size=queue_size,
-            size_of=len,
+            size_of=model.size_of,
             workers=settings.workers,
             observer=metrics.observer(config.name),
             name=config.name,
@@ -140,16 +143,10 @@ class DataPlane:
         served.limits.check(texts)
         if not served.ready:
             raise Unavailable(f"model {name!r} is not ready (warming up)", retry_after_s=1.0)
-        if sum(len(t) for t in texts) <= INLINE_TOKENIZE_CHARS:
-            seqs = served.model.tokenize(texts)
-        else:
-            seqs = await asyncio.get_running_loop().run_in_executor(
-                None, served.model.tokenize, texts
-            )
         try:
-            outcome = await served.batcher.submit(seqs, timeout_s=deadline - time.monotonic())
+            outcome = await served.batcher.submit(texts, timeout_s=deadline - time.monotonic())
         except QueueFull as exc:
-            raise Unavailable(f"model {name!r}: {exc}", retry_after_s=exc.retry_after_s) from None
+            raise Overloaded(f"model {name!r}: {exc}", retry_after_s=exc.retry_after_s) from None
         except DeadlineExpired as exc:
             raise DeadlineExceeded(f"model {name!r}: {exc}") from None
         except BatcherClosed:
@@ -158,9 +155,10 @@ class DataPlane:
             log.error("inference failed", extra={"fields": {"model": name, "error": str(exc)}})
             raise BackendError("inference failed") from None
         self.metrics.queue_seconds.labels(name).observe(outcome.queue_s)
+        results = outcome.results
         return EmbedResult(
-            embeddings=np.stack(outcome.results),
-            token_counts=[len(seq) for seq in seqs],
+            embeddings=np.stack([row for row, _ in results]),
+            token_counts=[tokens for _, tokens in results],
             queue_s=outcome.queue_s,
             compute_s=outcome.compute_s,
             batch_size=outcome.batch_size,

@@ -31,13 +31,13 @@ def check_content_type(value: str | None) -> None:
     raise UnsupportedMediaType(f"content type {mimetype!r} is not supported; send application/json")
 
 
-def decode_json(body: bytes) -> Any:
+def decode_json(body: bytes | memoryview) -> Any:
     """The parsed body; 400 with the reason when it is empty, not UTF-8 or not JSON."""
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         try:
-            body.decode("utf-8")
+            str(body, "utf-8")
         except UnicodeDecodeError as utf8:
             raise BadRequest(
                 f"request body is not valid UTF-8 (invalid byte at offset {utf8.start})"

@@ -1,20 +1,25 @@
-"""The backend's one error hierarchy: every error a client can see, with its HTTP status.
+"""The backend's one error hierarchy: every error a client can see, with its HTTP status and
+its gRPC status code (by name, so that this module needs no gRPC import).
 
-One middleware renders them all: on the Open Inference Protocol routes as the spec's
-``{"error": "<message>"}``, on the OpenAI-compatible route as OpenAI's error object. Exceptions
-from the parts underneath (the batcher, ONNX Runtime, aiohttp) are converted into these where
-they are called; messages never quote request text.
+Over REST one middleware renders them all: on the Open Inference Protocol routes as the spec's
+``{"error": "<message>"}``, on the OpenAI-compatible route as OpenAI's error object. Over gRPC
+the service aborts the call with ``grpc_code`` and the same message (``backend/rpc``).
+Exceptions from the parts underneath (the batcher, ONNX Runtime, aiohttp, grpcio) are converted
+into these where they are called; messages never quote request text.
 
-    BackendError (500)
-    ├── BadRequest (400)              malformed JSON, wrong datatype or shape, invalid UTF-8, ...
-    ├── NotFound (404)
-    │   └── ModelNotFound (404)       unknown model or version
-    ├── PayloadTooLarge (413)         body, or the texts in it, past a limit
+    BackendError (500, INTERNAL)
+    ├── BadRequest (400, INVALID_ARGUMENT)      malformed JSON, wrong datatype or shape, ...
+    │   ├── UriTooLong (414)                    request line past the parser's limit
+    │   └── HeadersTooLarge (431)               a header, or the header count, past the limit
+    ├── NotFound (404, NOT_FOUND)
+    │   └── ModelNotFound (404, NOT_FOUND)      unknown model or version
+    ├── PayloadTooLarge (413, INVALID_ARGUMENT) body, or the texts in it, past a limit
     ├── UnsupportedMediaType (415)
-    ├── Unavailable (503)             Retry-After: queue full, not ready, shutting down
-    ├── DeadlineExceeded (504)        the request's deadline passed before compute
-    └── ClientDisconnected (499)      the client left before its body arrived; nobody hears
-                                      the answer, so it is counted (499), not logged as an error
+    ├── Unavailable (503, UNAVAILABLE)          Retry-After: not ready, shutting down
+    │   └── Overloaded (503, RESOURCE_EXHAUSTED) Retry-After: the model's queue is full
+    ├── DeadlineExceeded (504, DEADLINE_EXCEEDED) the deadline passed before compute
+    └── ClientDisconnected (499, CANCELLED)     the client left before its body arrived;
+                                                counted (499), not logged as an error
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class BackendError(Exception):
     """Base class: an error with an HTTP status and a message that is safe to show."""
 
     status: int = 500
+    grpc_code: str = "INTERNAL"  # a grpc.StatusCode name
     openai_type: str = "server_error"
 
     def __init__(self, message: str = "internal error") -> None:
@@ -41,13 +47,27 @@ class BadRequest(BackendError):
     """The request is malformed or breaks the protocol's rules."""
 
     status = 400
+    grpc_code = "INVALID_ARGUMENT"
     openai_type = "invalid_request_error"
+
+
+class UriTooLong(BadRequest):
+    """The request line (method, URL, version) is longer than the HTTP parser accepts."""
+
+    status = 414
+
+
+class HeadersTooLarge(BadRequest):
+    """A request header, or the number of them, is past the HTTP parser's limits."""
+
+    status = 431
 
 
 class NotFound(BackendError):
     """No such route or resource."""
 
     status = 404
+    grpc_code = "NOT_FOUND"
     openai_type = "invalid_request_error"
 
 
@@ -66,6 +86,7 @@ class PayloadTooLarge(BackendError):
     """The body is larger than the server accepts."""
 
     status = 413
+    grpc_code = "INVALID_ARGUMENT"
     openai_type = "invalid_request_error"
 
 
@@ -80,6 +101,7 @@ class Unavailable(BackendError):
     """The server cannot take this request now; the client may retry after ``Retry-After``."""
 
     status = 503
+    grpc_code = "UNAVAILABLE"
     openai_type = "server_error"
 
     def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
@@ -91,10 +113,17 @@ class Unavailable(BackendError):
         return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
 
+class Overloaded(Unavailable):
+    """The model's queue is full: shed at once rather than queued (gRPC: RESOURCE_EXHAUSTED)."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
 class DeadlineExceeded(BackendError):
     """The request's deadline passed before its inference ran."""
 
     status = 504
+    grpc_code = "DEADLINE_EXCEEDED"
     openai_type = "timeout_error"
 
 
@@ -107,4 +136,5 @@ class ClientDisconnected(BackendError):
     """
 
     status = 499
+    grpc_code = "CANCELLED"
     openai_type = "invalid_request_error"

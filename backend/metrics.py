@@ -28,9 +28,12 @@ class BackendMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = self.registry
+        # status: the HTTP status, or for gRPC the one its error carries over REST (OK = 200),
+        # so that one error-rate query covers both protocols; protocol: "rest" or "grpc".
         self.requests = Counter(
-            "backend_requests_total", "Inference requests answered, by model and HTTP status.",
-            ["model", "status"], registry=reg,
+            "backend_requests_total",
+            "Inference requests answered, by model, HTTP(-equivalent) status and protocol.",
+            ["model", "status", "protocol"], registry=reg,
         )
         self.queue_seconds = Histogram(
             "backend_queue_seconds",

@@ -1,5 +1,8 @@
 """Middleware, outermost first: request context (id, access log, request metrics), then errors.
 
+Every response says ``Server: edge-backend``, never the Python and aiohttp versions (what fails
+before the middleware runs is answered by ``server.py`` the same way).
+
 ``errors`` renders every failure as JSON: the OIP spec's ``{"error": "<message>"}``, or on the
 OpenAI-compatible ``/v1/`` routes OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
 aiohttp's own HTTP errors (unknown route, wrong method, body too large) and unexpected
@@ -15,6 +18,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from backend.dataplane import SERVER_NAME
 from backend.envelope import request_id
 from backend.errors import BackendError
 from backend.handlers import MODEL_LABEL, REQUEST_ID, json_response
@@ -37,10 +41,12 @@ def request_context(*, metrics: BackendMetrics, log_requests: bool = True) -> Mi
         rid = request_id(request.headers.get(REQUEST_ID_HEADER))
         request[REQUEST_ID] = rid
         response = await handler(request)
-        response.headers[REQUEST_ID_HEADER] = rid
+        headers = response.headers
+        headers[REQUEST_ID_HEADER] = rid
+        headers["Server"] = SERVER_NAME
         model = request.get(MODEL_LABEL)
         if model is not None:
-            metrics.requests.labels(model, str(response.status)).inc()
+            metrics.requests.labels(model, str(response.status), "rest").inc()
         if log_requests:
             fields: dict[str, Any] = {
                 "request_id": rid, "method": request.method, "path": request.path,

@@ -1,8 +1,10 @@
 """A served embedding model: its config, tokenizer and ONNX Runtime session, loaded together.
 
-``compute`` is what the batcher calls in its worker thread: already-tokenized texts in,
-one embedding row per text out. Loading is blocking (graph optimisation, session creation), so
-``load_models`` is meant to run in an executor or before the event loop starts.
+``embed`` is what the batcher calls in its worker thread: texts in, one embedding row and
+token count per text out. Tokenizing there, not on the event loop, keeps the loop to parsing
+and answering, and costs no extra hop (the batch goes to that thread anyway). Loading is
+blocking (graph optimisation, session creation), so ``load_models`` is meant to run in an
+executor or before the event loop starts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from backend.settings import ServeSettings
 from backend.tokenizer import IdArray, TextTokenizer
 
 Embedding = npt.NDArray[np.float32]
+# A text's embedding row and the tokens it used (after truncation).
+Embedded = tuple[Embedding, int]
 
 log = logging.getLogger("backend.model")
 
@@ -46,6 +50,15 @@ class EmbeddingModel:
         """One embedding row per token sequence; pads to the longest in ``seqs`` only."""
         input_ids, attention_mask = self.tokenizer.pad(seqs)
         return list(self.runtime.run(input_ids, attention_mask))
+
+    def embed(self, texts: list[str]) -> list[Embedded]:
+        """Tokenize, pad and run one batch: per text its embedding row and token count."""
+        seqs = self.tokenize(texts)
+        return list(zip(self.compute(seqs), [len(seq) for seq in seqs], strict=True))
+
+    def size_of(self, text: str) -> int:
+        """A text's token count, estimated without tokenizing (for grouping by length)."""
+        return self.tokenizer.estimate_length(text)
 
     def warm_up(self, lengths: Sequence[int], batch_sizes: Sequence[int]) -> float:
         """Runs every (length, batch size) pair once so that ONNX Runtime has allocated its

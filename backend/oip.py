@@ -58,6 +58,7 @@ class EncodedResponse:
 # a caller caching per text (the gateway) can report usage without tokenizing again.
 TOKEN_COUNT = "token_count"
 TOKEN_COUNT_SPEC = {"name": TOKEN_COUNT, "datatype": "INT32", "shape": [-1]}
+_LENGTH = struct.Struct("<I")
 
 
 def parse_infer_request(
@@ -71,14 +72,16 @@ def parse_infer_request(
     """Parses and validates an inference request for a one-BYTES-input text model.
 
     ``json_length`` is the ``Inference-Header-Content-Length`` header: the JSON part's size
-    when binary tensor data follows it.
+    when binary tensor data follows it. The body is read through a memoryview: neither part is
+    copied, and each text is decoded straight from the body's bytes.
     """
-    binary = b""
+    view = memoryview(body)
+    binary = view[:0]
     if json_length is not None:
-        if not 0 <= json_length <= len(body):
+        if not 0 <= json_length <= len(view):
             raise BadRequest("Inference-Header-Content-Length is larger than the body")
-        body, binary = body[:json_length], body[json_length:]
-    raw = decode_json(body)
+        view, binary = view[:json_length], view[json_length:]
+    raw = decode_json(view)
     if not isinstance(raw, dict):
         raise BadRequest("the request body must be a JSON object")
     request_id = raw.get("id")
@@ -93,9 +96,10 @@ def parse_infer_request(
     inputs = raw.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("'inputs' must be a non-empty list of input tensors")
+    chunks = binary_chunks(inputs, binary)
     if len(inputs) != 1:
         raise BadRequest(f"the model takes one input ({input_spec.name!r}), got {len(inputs)}")
-    texts = _parse_input(inputs[0], input_spec, binary)
+    texts = _parse_input(inputs[0], input_spec, chunks[0])
     if not texts:
         raise BadRequest(f"input {input_spec.name!r} holds no texts")
     if len(texts) > max_items:
@@ -105,31 +109,69 @@ def parse_infer_request(
     return InferRequest(request_id, texts, outputs, binary_outputs, binary_all)
 
 
-def _parse_input(tensor: Any, spec: TensorSpec, binary: bytes) -> list[str]:
-    if not isinstance(tensor, dict):
-        raise BadRequest("every input tensor must be an object")
-    name = tensor.get("name")
+def binary_chunks(inputs: list[Any], binary: memoryview) -> list[memoryview | None]:
+    """Each input's slice of the binary part (None for an input whose data is in the JSON).
+
+    Triton's binary tensor extension: an input with ``parameters.binary_data_size`` takes the
+    next that many bytes after the JSON, in input order, so JSON and binary inputs may mix. The
+    sizes must add up to exactly the binary part: bytes left over mean the request is not what
+    its sender thinks it is.
+    """
+    chunks: list[memoryview | None] = []
+    offset = 0
+    for index, tensor in enumerate(inputs):
+        if not isinstance(tensor, dict):
+            raise BadRequest("every input tensor must be an object")
+        parameters = tensor.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise BadRequest(f"input {index}: 'parameters' must be an object")
+        if "binary_data_size" not in parameters:
+            chunks.append(None)
+            continue
+        size = parameters["binary_data_size"]
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise BadRequest(f"input {index}: binary_data_size must be a non-negative integer")
+        if "data" in tensor:
+            raise BadRequest(f"input {index}: has both 'data' and binary_data_size")
+        if offset + size > len(binary):
+            raise BadRequest(
+                f"input {index}: binary_data_size {size} runs past the binary data "
+                f"({len(binary) - offset} bytes left; Inference-Header-Content-Length gives "
+                "the size of the JSON part)"
+            )
+        chunks.append(binary[offset : offset + size])
+        offset += size
+    if offset != len(binary):
+        raise BadRequest(f"the inputs' binary_data_size add up to {offset} bytes, but "
+                         f"{len(binary)} bytes of binary data follow the JSON")
+    return chunks
+
+
+def check_tensor(name: Any, datatype: Any, shape: Any, spec: TensorSpec) -> int:
+    """Validates an input tensor's name, datatype and shape against the model's text input;
+    returns its element count. Shared by REST and gRPC."""
     if name != spec.name:
         raise BadRequest(f"unknown input {name!r}: the model's input is {spec.name!r}")
-    datatype = tensor.get("datatype")
     if datatype != spec.datatype:
         raise BadRequest(f"input {spec.name!r} has datatype {datatype!r}; expected {spec.datatype}")
-    shape = tensor.get("shape")
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise BadRequest(f"input {spec.name!r}: 'shape' must be a list of non-negative integers")
     if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
         raise BadRequest(f"input {spec.name!r}: shape {shape} is not supported; use [n] or [n, 1]")
-    count = math.prod(shape)
-    parameters = tensor.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise BadRequest(f"input {spec.name!r}: 'parameters' must be an object")
-    if "binary_data_size" in parameters:
-        return _binary_strings(spec.name, binary, parameters["binary_data_size"], count)
+    return math.prod(shape)
+
+
+def _parse_input(tensor: dict[str, Any], spec: TensorSpec, chunk: memoryview | None
+                 ) -> list[str]:
+    shape = tensor.get("shape")
+    count = check_tensor(tensor.get("name"), tensor.get("datatype"), shape, spec)
+    if chunk is not None:
+        return decode_bytes_elements(chunk, count, spec.name)
     if "data" not in tensor:
         raise BadRequest(f"input {spec.name!r} has no 'data'")
-    flat = _flatten(tensor["data"], shape, spec.name)
+    flat = _flatten(tensor["data"], tensor["shape"], spec.name)  # a list: checked
     if len(flat) != count:
         raise BadRequest(
             f"input {spec.name!r}: shape {shape} needs {count} elements, data holds {len(flat)}"
@@ -154,21 +196,21 @@ def _flatten(data: Any, shape: list[int], name: str) -> list[Any]:
     return data
 
 
-def _binary_strings(name: str, binary: bytes, size: Any, count: int) -> list[str]:
-    """Triton's binary BYTES layout: per element a 4-byte little-endian length, then bytes."""
-    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= len(binary):
-        raise BadRequest(f"input {name!r}: binary_data_size does not match the binary data")
+def decode_bytes_elements(raw: memoryview, count: int, name: str) -> list[str]:
+    """Texts from the raw BYTES layout (REST binary extension and gRPC raw contents alike):
+    per element a 4-byte little-endian length, then that many UTF-8 bytes."""
     texts: list[str] = []
+    size = len(raw)
     offset = 0
     while offset < size:
         if offset + 4 > size:
             raise BadRequest(f"input {name!r}: truncated binary BYTES element")
-        (length,) = struct.unpack_from("<I", binary, offset)
+        (length,) = _LENGTH.unpack_from(raw, offset)
         offset += 4
         if offset + length > size:
             raise BadRequest(f"input {name!r}: truncated binary BYTES element")
         try:
-            texts.append(binary[offset : offset + length].decode("utf-8"))
+            texts.append(str(raw[offset : offset + length], "utf-8"))
         except UnicodeDecodeError:
             raise BadRequest(f"input {name!r}: element {len(texts)} is not valid UTF-8") from None
         offset += length

@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args
 Device = Literal["auto", "cpu", "cuda"]
 Variant = Literal["fp32", "int8", "fp16"]
 ENV_PREFIX = "BACKEND_"
+DEFAULT_GRPC_PORT = 8002
 
 
 class SettingsError(ValueError):
@@ -38,6 +39,10 @@ class ServeSettings:
     models_dir: Path = Path("models")
     host: str = "127.0.0.1"
     port: int = 8001
+    # Open Inference Protocol over gRPC (same host): None = 8002 (Triton's default) when that
+    # port is free, else REST only with a warning, so that several backends on one machine
+    # (tests, benchmarks) still start; 0 = off; a port = that port, or exit 2 if it is taken.
+    grpc_port: int | None = None
     # auto: a working GPU if there is one (fp16), else the CPU; cuda: GPU or exit 2; cpu: CPU.
     device: Device = "auto"
     # ONNX Runtime intra-op threads per model session; None = every usable core.
@@ -49,6 +54,9 @@ class ServeSettings:
     zone: str = ""
     # Batching overrides; None = the model's config.json value.
     max_batch_size: int | None = None
+    # Accepted (flag, env, config.json) so that existing configurations load, but it no longer
+    # holds anything: a free worker takes the pending batch at once (batching.py), so requests
+    # wait only while every worker is busy, and only until one frees up.
     max_queue_delay_ms: float | None = None
     max_queue_size: int | None = None
     # Texts one request may carry (also capped by the model's queue size); 400 beyond it.
@@ -82,6 +90,11 @@ class ServeSettings:
             "variant", f"{self.variant!r} is not fp32|int8|fp16",
         )
         _check(0 < self.port < 65536, "port", f"{self.port} is not a TCP port")
+        _check(
+            self.grpc_port is None or 0 <= self.grpc_port < 65536, "grpc_port",
+            f"{self.grpc_port} is not a TCP port (0 turns gRPC off)",
+        )
+        _check(self.grpc_port != self.port, "grpc_port", "must differ from port")
         _positive("threads", self.threads)
         _positive("max_batch_size", self.max_batch_size)
         _positive("max_queue_size", self.max_queue_size)
@@ -104,6 +117,11 @@ class ServeSettings:
         )
         for size in self.warmup_batch_sizes or ():
             _positive("warmup_batch_sizes", size)
+
+    @property
+    def grpc_listen_port(self) -> int:
+        """The gRPC port to bind (0: gRPC off)."""
+        return DEFAULT_GRPC_PORT if self.grpc_port is None else self.grpc_port
 
     @property
     def intra_op_threads(self) -> int:

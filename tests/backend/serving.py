@@ -1,9 +1,9 @@
 """Serving the backend app in tests: over a real socket, as ``python -m backend serve`` runs it.
 
-aiohttp's ``TestServer`` cancels a handler whose client disconnects; ``web.run_app``, which the
-CLI uses, does not (aiohttp's default), so a handler there sees the disconnect as an exception
-from ``request.read()`` instead. ``DeployedServer`` runs the app the deployed way, so what the
-tests see is what production does.
+aiohttp's ``TestServer`` cancels a handler whose client disconnects; the CLI's runner
+(``backend.server.BackendRunner``, like ``web.run_app``) does not, so a handler there sees the
+disconnect as an exception from ``request.read()`` instead. ``DeployedServer`` runs the app
+the deployed way, through that runner, so what the tests see is what production does.
 """
 
 from __future__ import annotations
@@ -19,16 +19,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend.app import create_app
 from backend.model import Embedding, EmbeddingModel
+from backend.server import BackendRunner
 from backend.settings import ServeSettings
 from backend.tokenizer import IdArray
 
 
 class DeployedServer(TestServer):
-    """``TestServer`` with ``web.run_app``'s handler settings (handlers are not cancelled)."""
+    """``TestServer`` through the CLI's runner, with its handler settings (handlers are not
+    cancelled; parser errors answered as JSON)."""
 
     async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
         kwargs["handler_cancellation"] = False
-        return web.AppRunner(self.app, **kwargs)
+        return BackendRunner(self.app, **kwargs)
 
 
 class CountingModel(EmbeddingModel):
@@ -58,7 +60,7 @@ async def serving(models: Sequence[EmbeddingModel], *, wait_ready: bool = True,
     """A client of a backend app serving ``models`` on 127.0.0.1 (ready unless told not to)."""
     options: dict[str, Any] = {
         "device": "cpu", "warmup_lengths": (8,), "warmup_batch_sizes": (1,),
-        "client_max_size": 1024 * 1024,
+        "client_max_size": 1024 * 1024, "grpc_port": 0,  # tests that want gRPC pass a port
     }
     options.update(overrides)
     client: TestClient[Any, Any] = TestClient(DeployedServer(

@@ -18,34 +18,40 @@ from backend.grouping import choose_window, plan_groups
 
 
 class Doubler:
-    """Doubles ints; records every call; can hold the worker on a gate to build a backlog."""
+    """Doubles ints; records every call; can hold a worker on a gate to build a backlog.
+
+    Each held item has its own gate, so with several workers each can be held and released
+    on its own: events, never sleeps, decide what the batcher sees.
+    """
 
     def __init__(self) -> None:
         self.calls: list[list[int]] = []
-        self.started = threading.Event()
-        self.gate = threading.Event()
-        self.gate.set()
+        self.gates: dict[int, threading.Event] = {}
+        self.started: dict[int, threading.Event] = {}
         self.fail_on: int | None = None
 
     def __call__(self, items: list[int]) -> list[int]:
         self.calls.append(list(items))
-        self.started.set()
-        if not self.gate.wait(10):
-            raise TimeoutError("test gate never opened")
+        for item in items:
+            if item in self.started:
+                self.started[item].set()
+                if not self.gates[item].wait(10):
+                    raise TimeoutError("test gate never opened")
         if self.fail_on is not None and self.fail_on in items:
             raise ValueError("poisoned item")
         return [2 * x for x in items]
 
-    async def hold(self, batcher: DynamicBatcher[int, int], item: int = 1) -> asyncio.Task[object]:
-        """Occupies the single worker with ``item`` until ``release``."""
-        self.gate.clear()
-        self.started.clear()
+    async def hold(self, batcher: DynamicBatcher[int, int], item: int = 1000
+                   ) -> asyncio.Task[object]:
+        """Occupies a worker with ``item`` until ``release(item)``."""
+        self.gates[item] = threading.Event()
+        self.started[item] = threading.Event()
         task: asyncio.Task[object] = asyncio.create_task(batcher.submit([item]))
-        assert await asyncio.to_thread(self.started.wait, 5)
+        assert await asyncio.to_thread(self.started[item].wait, 5)
         return task
 
-    def release(self) -> None:
-        self.gate.set()
+    def release(self, item: int = 1000) -> None:
+        self.gates[item].set()
 
     @property
     def computed(self) -> list[int]:
@@ -57,43 +63,90 @@ BatcherFactory = Callable[..., DynamicBatcher[int, int]]
 
 @pytest.fixture
 async def make() -> AsyncIterator[BatcherFactory]:
-    made: list[DynamicBatcher[int, int]] = []
+    made: list[tuple[DynamicBatcher[int, int], Doubler]] = []
 
     def factory(compute: Doubler, **kwargs: object) -> DynamicBatcher[int, int]:
         options: dict[str, object] = {
-            "max_batch_size": 4, "max_queue_delay_s": 0.02, "max_queue_size": 64,
-            "size_of": lambda x: x,
+            "max_batch_size": 4, "max_queue_size": 64, "size_of": lambda x: x,
         }
         options.update(kwargs)
         batcher: DynamicBatcher[int, int] = DynamicBatcher(compute, **options)  # type: ignore[arg-type]
         batcher.start()
-        made.append(batcher)
+        made.append((batcher, compute))
         return batcher
 
     yield factory
-    for batcher in made:
+    for batcher, compute in made:
+        for gate in compute.gates.values():  # a failed test must not leave a worker held
+            gate.set()
         await batcher.close()
 
 
-async def test_concurrent_requests_are_merged_into_one_batch(make: BatcherFactory) -> None:
+async def until(condition: Callable[[], bool]) -> None:
+    """Lets the event loop run until ``condition`` holds (bounded: 1000 turns)."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+async def test_a_lone_request_is_computed_at_once_and_alone(make: BatcherFactory) -> None:
     compute = Doubler()
-    batcher = make(compute, max_batch_size=8, max_queue_delay_s=0.2)
+    batcher = make(compute, max_batch_size=32)
+    # Nothing else will ever arrive: a batcher that waited for company would time out here.
+    outcome = await asyncio.wait_for(batcher.submit([7]), timeout=5)
+    assert outcome.results == [14]
+    assert outcome.batch_size == 1
+    assert compute.calls == [[7]]
+
+
+async def test_requests_in_one_loop_turn_share_a_batch(make: BatcherFactory) -> None:
+    compute = Doubler()
+    batcher = make(compute, max_batch_size=8)
     outcomes = await asyncio.gather(*(batcher.submit([i]) for i in range(1, 6)))
     assert [o.results for o in outcomes] == [[2], [4], [6], [8], [10]]
-    assert len(compute.calls) == 1
+    assert compute.calls == [[1, 2, 3, 4, 5]]
     assert all(o.batch_size == 5 for o in outcomes)
     assert all(o.compute_s > 0 and o.queue_s >= 0 for o in outcomes)
 
 
-async def test_full_batch_is_released_without_waiting_for_the_delay(make: BatcherFactory) -> None:
+async def test_requests_arriving_while_the_worker_is_busy_are_batched_together(
+    make: BatcherFactory,
+) -> None:
     compute = Doubler()
-    batcher = make(compute, max_batch_size=4, max_queue_delay_s=30.0)
-    # A 30 s delay would time this out; a full batch must go at once.
-    outcomes = await asyncio.wait_for(
-        asyncio.gather(*(batcher.submit([i]) for i in range(1, 5))), timeout=5
-    )
-    assert [o.results[0] for o in outcomes] == [2, 4, 6, 8]
-    assert compute.calls == [[1, 2, 3, 4]]
+    batcher = make(compute, max_batch_size=8)
+    held = await compute.hold(batcher)
+    waiting = []
+    for count, i in enumerate((3, 1, 2), start=1):  # one at a time, each in its own loop turn
+        waiting.append(asyncio.create_task(batcher.submit([i])))
+        await until(lambda n=count: batcher.depth == n)
+    assert compute.calls == [[1000]]  # nothing dispatched while the only worker is busy
+    compute.release()
+    await held
+    outcomes = await asyncio.wait_for(asyncio.gather(*waiting), timeout=5)
+    assert [o.results for o in outcomes] == [[6], [2], [4]]
+    assert compute.calls[1:] == [[1, 2, 3]]  # the freed worker took them at once, together
+    assert all(o.batch_size == 3 for o in outcomes)
+
+
+async def test_requests_wait_only_while_every_worker_is_busy(make: BatcherFactory) -> None:
+    compute = Doubler()
+    batcher = make(compute, workers=2, max_batch_size=8)
+    first = await compute.hold(batcher, 1000)
+    # One worker busy, one free: a lone request goes to the free one at once.
+    assert (await asyncio.wait_for(batcher.submit([5]), timeout=5)).batch_size == 1
+    second = await compute.hold(batcher, 2000)
+    assert batcher.busy_workers == 2
+    waiting = [asyncio.create_task(batcher.submit([i])) for i in (1, 2)]
+    await until(lambda: batcher.depth == 2)
+    compute.release(1000)  # the first worker to free up takes both, at once
+    outcomes = await asyncio.wait_for(asyncio.gather(*waiting), timeout=5)
+    assert [o.results for o in outcomes] == [[2], [4]]
+    assert [1, 2] in compute.calls
+    assert batcher.busy_workers == 1  # the other worker is still held
+    compute.release(2000)
+    await asyncio.gather(first, second)
 
 
 async def test_one_request_split_across_batches_comes_back_in_order(
@@ -111,12 +164,11 @@ async def test_one_request_split_across_batches_comes_back_in_order(
 
 async def test_backlog_is_grouped_by_length_oldest_first(make: BatcherFactory) -> None:
     compute = Doubler()
-    batcher = make(compute, max_batch_size=4, max_queue_delay_s=0.0)
+    batcher = make(compute, max_batch_size=4)
     held = await compute.hold(batcher)
     sizes = [5, 200, 6, 201, 7, 202, 8, 203]
     waiting = [asyncio.create_task(batcher.submit([s])) for s in sizes]
-    await asyncio.sleep(0.05)
-    assert batcher.depth == len(sizes)
+    await until(lambda: batcher.depth == len(sizes))
     compute.release()
     await held
     results = await asyncio.gather(*waiting)
@@ -129,10 +181,9 @@ async def test_queue_full_is_refused_at_once(make: BatcherFactory) -> None:
     batcher = make(compute, max_batch_size=4, max_queue_size=4)
     held = await compute.hold(batcher)
     queued = asyncio.create_task(batcher.submit([1, 2, 3, 4]))
-    await asyncio.sleep(0.01)
-    with pytest.raises(QueueFull) as info:
+    await until(lambda: batcher.depth == 4)
+    with pytest.raises(QueueFull, match="4 of 4 items waiting"):
         await batcher.submit([5])
-    assert info.value.retry_after_s > 0
     compute.release()
     await held
     assert (await queued).results == [2, 4, 6, 8]
@@ -158,8 +209,7 @@ async def test_cancelled_request_leaves_the_queue(make: BatcherFactory) -> None:
     batcher = make(compute)
     held = await compute.hold(batcher)
     waiting = asyncio.create_task(batcher.submit([55, 56]))
-    await asyncio.sleep(0.01)
-    assert batcher.depth == 2
+    await until(lambda: batcher.depth == 2)
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
     assert batcher.depth == 0
@@ -173,7 +223,7 @@ async def test_compute_error_reaches_its_batch_and_the_batcher_goes_on(
 ) -> None:
     compute = Doubler()
     compute.fail_on = 13
-    batcher = make(compute, max_queue_delay_s=0.05)
+    batcher = make(compute)
     bad, good = await asyncio.gather(
         batcher.submit([13]), batcher.submit([2]), return_exceptions=True
     )
@@ -186,7 +236,7 @@ async def test_close_fails_queued_requests(make: BatcherFactory) -> None:
     batcher = make(compute)
     held = await compute.hold(batcher)
     queued = asyncio.create_task(batcher.submit([4]))
-    await asyncio.sleep(0.01)
+    await until(lambda: batcher.depth == 1)
     compute.release()
     await batcher.close()
     await held
@@ -194,6 +244,17 @@ async def test_close_fails_queued_requests(make: BatcherFactory) -> None:
         await queued
     with pytest.raises(BatcherClosed):
         await batcher.submit([1])
+
+
+async def test_close_waits_for_running_batches_and_delivers_them(make: BatcherFactory) -> None:
+    compute = Doubler()
+    batcher = make(compute)
+    held = await compute.hold(batcher)
+    closing = asyncio.create_task(batcher.close())
+    await until(lambda: batcher.depth == 0 and not closing.done())
+    compute.release()
+    await asyncio.wait_for(closing, timeout=5)
+    assert (await held).results == [2000]  # type: ignore[attr-defined]
 
 
 def test_window_holds_the_oldest_and_pads_least() -> None:
