@@ -9,7 +9,9 @@ to cost microseconds on the cache-hit path, so each detector works in two steps:
 2. Only at the positions those searches find, an anchored regex and a validator (Luhn, mod-97,
    ``ipaddress``, entropy) that separates real values from look-alikes (years, prices, order ids).
 
-Detectors see only ASCII digits; findings are half-open character ranges into the given text.
+The detectors see a folded copy of the text (``fold``: full-width and other-script digits as
+ASCII, zero-width characters removed, Unicode dashes as ``-``...); findings are half-open
+character ranges into the given text, mapped back where folding changed lengths.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from gateway.policy.detectors import Shape, detect
+from gateway.policy.fold import fold
 from gateway.policy.model import DETECTOR_NAMES
 
 DETECTORS: tuple[str, ...] = DETECTOR_NAMES
@@ -42,11 +45,16 @@ def scan(text: str, detectors: Collection[str]) -> list[Finding]:
     """
     if not text or not detectors:
         return []
-    return scan_shape(Shape(text), detectors)
+    folded = fold(text)
+    found = scan_shape(Shape(folded.text), detectors)
+    if folded.resized and found:
+        found = [Finding(f.detector, *folded.span(f.start, f.end)) for f in found]
+    return found
 
 
 def scan_shape(shape: Shape, detectors: Collection[str]) -> list[Finding]:
-    """``scan`` for a text whose ``Shape`` the caller already built."""
+    """``scan`` for a text whose ``Shape`` the caller already built (of an ASCII text, which
+    folding leaves as it is)."""
     spans = detect(shape, detectors)
     if not spans:
         return []

@@ -1,4 +1,5 @@
-"""PII detectors: each with positives and look-alike negatives, checksums, redaction."""
+"""PII detectors: each with positives and look-alike negatives, checksums, redaction, and the
+folded forms (other scripts' digits, invisible characters) mapped back to the original text."""
 
 from __future__ import annotations
 
@@ -77,7 +78,9 @@ POSITIVES = {
 }
 
 NEGATIVES = {
-    "email": ["user at example dot com", "@handle on social", "a@b", "foo@localhost"],
+    "email": ["user at example dot com", "@handle on social", "a@b", "foo@localhost",
+              "look at example.com for details", "the dot com boom at its height",
+              "get v2.1 at python.org", "curl -d @body.json http://x", "LOOK AT THE DOT COM"],
     "phone": [
         "in 2024 we sold 1,299 units at $19.99 each",
         "order #123456 and order #5551234567",
@@ -88,6 +91,11 @@ NEGATIVES = {
         "+5 points, +10 more",
         "version 1.2.3.4567",
         "iban DE89 3704 0044 0532 0130 00",  # the IBAN's digit groups are not a phone
+        "code 123 456 7890",  # no area code starts with 1
+        "timestamp 1710412800",
+        "invoice 2024031401",  # a date, not a number to call
+        "ISBN 0306406152",
+        "id 5551234567890",  # too long for a bare phone number
     ],
     "card": [
         "4111 1111 1111 1112",  # Luhn fails
@@ -95,12 +103,19 @@ NEGATIVES = {
         "order 12345678901234567890123",
         "tel 555-123-4567",
         "41111111111",  # too short
+        "4111 1111.1111-1111",  # one separator between all groups
+        "1 234 567 890 123 456",  # thousands, not card groups
+        "ISBN 9780306406157",
+        "9780306406157",  # an ISBN-13 passes Luhn one time in ten; this one does not matter
     ],
     "us_ssn": ["000-12-3456", "666-12-3456", "923-45-6789", "123-00-4567", "123-45-0000",
-               "id 1123-45-6789", "2024-01-15"],
+               "id 1123-45-6789", "2024-01-15", "order 123456789", "123/45/6789",
+               "ssn 000000000"],
     "iban": ["DE89370400440532013001", "XX00 1234 5678", "ABCD1234567890"],
     "ip": ["999.1.1.1", "1.2.3.4.5", "time 12:30:45", "std::vector", "MAC 00:1A:2B:3C:4D:5E",
-           "value 3.14 and 2.0", "v1.2.3.4.5.6"],
+           "value 3.14 and 2.0", "v1.2.3.4.5.6", "listen on 0.0.0.0", "127.1 apples",
+           "2130706433 bytes", "0x7f000001 in a register", "0400.0.0.1", "http://example.com/",
+           "http://cafe.be/"],
     "secret": [
         "task-management-system-for-teams",
         "sk-learn-is-a-great-library",
@@ -110,6 +125,18 @@ NEGATIVES = {
         "the_quick_brown_fox_jumps_over_the_lazy_dog_2024_edition",
         "https://docs.python.org/3/library/re.html#re.Pattern.search",
         "Bearer short",
+        "Password: choose one you have not used before.",
+        "set password=<your password> in the file",
+        "DB_PASSWORD=${DB_PASSWORD}",
+        "api_key=YOUR_API_KEY",
+        "password=****",
+        "bypass=1 and compass=north",
+        "The basic plan costs $9.99",
+        "Basic usage is covered in chapter 2",
+        "boarding pass: gate 12",
+        "https://example.com/login?next=/home",
+        "postgres://app@db.internal/app",
+        "eyJhbGciOiJub25lIn0 alone",
     ],
 }
 
@@ -192,12 +219,20 @@ def _grouped(number: str, sep: str) -> str:
     return sep.join(number[i:i + 4] for i in range(0, len(number), 4))
 
 
+# Digits as people type them: ASCII, full-width, Arabic-Indic, Devanagari.
+DIGIT_SCRIPTS = ["0123456789", "".join(map(chr, range(0xFF10, 0xFF1A))),
+                 "".join(map(chr, range(0x0660, 0x066A))), "".join(map(chr, range(0x0966, 0x0970)))]
+
+
 @settings(max_examples=300, deadline=None, database=None)
-@given(number=CARD_NUMBERS, sep=st.sampled_from(["", " ", "-"]),
+@given(number=CARD_NUMBERS,
+       sep=st.sampled_from(["", " ", "-", ".", "/", "_", "\u2013", "\u2014", "\u2212", "\uff0d"]),
+       digits=st.sampled_from(DIGIT_SCRIPTS),
        before=st.sampled_from(["", "card ", "pay with: ", "(", "no. "]),
        after=st.sampled_from(["", " thanks", ".", ", exp 12/27", ")"]))
-def test_every_luhn_valid_card_is_detected(number: str, sep: str, before: str, after: str) -> None:
-    formatted = _grouped(number, sep)
+def test_every_luhn_valid_card_is_detected(number: str, sep: str, digits: str, before: str,
+                                           after: str) -> None:
+    formatted = _grouped(number, sep).translate(str.maketrans("0123456789", digits))
     text = before + formatted + after
     assert found(text, "card") == [formatted]
 
@@ -223,6 +258,34 @@ def test_redaction_removes_every_finding(parts: list[tuple[str, str]], tail: str
     for f in findings:
         assert text[f.start:f.end] not in masked
     assert scan(masked, DETECTORS) == []
+
+
+INVISIBLE = st.sampled_from(["\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad"])
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(case=st.sampled_from([(d, *c) for d, cases in POSITIVES.items() for c in cases]),
+       data=st.data())
+def test_invisible_characters_inside_a_value_do_not_hide_it(case: tuple[str, str, str],
+                                                            data: st.DataObject) -> None:
+    detector, text, value = case
+    cuts = data.draw(st.lists(st.integers(1, len(value) - 1), min_size=1, max_size=3,
+                              unique=True))
+    hidden = value
+    for cut in sorted(cuts, reverse=True):
+        hidden = hidden[:cut] + data.draw(INVISIBLE) + hidden[cut:]
+    assert found(text.replace(value, hidden, 1), detector) == [hidden]
+
+
+def test_redaction_masks_the_original_characters_of_a_folded_value() -> None:
+    # Folding changes lengths (a zero-width space is removed) and characters (full-width
+    # digits): the mask still covers exactly the value as written, and nothing else changes.
+    text = ("Karte \uff14\uff11\uff11\uff11\u3000\uff11\uff11\uff11\uff11\u3000"
+            "\uff11\uff11\uff11\uff11\u3000\uff11\uff11\uff11\uff11\u3001"
+            "mail jo\u200bhn.doe\uff20example.com\u3002\uff08\uff11\uff09")
+    findings = scan(text, DETECTORS)
+    assert [f.detector for f in findings] == ["card", "email"]
+    assert redact(text, findings) == "Karte [CARD]\u3001mail [EMAIL]\u3002\uff08\uff11\uff09"
 
 
 @settings(max_examples=200, deadline=None, database=None)
