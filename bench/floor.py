@@ -38,8 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--answer", type=Path, required=True)
     args = parser.parse_args(argv)
     stored = orjson.loads(args.answer.read_bytes())
-    headers = {k: v for k, v in stored["headers"].items()
-               if k.lower() not in ("content-length", "content-type", "date", "server")}
+    # Framing and per-connection headers are the server's own (the capture's client asked for
+    # Connection: close); the rest is the gateway's answer as a client sees it.
+    skip = ("content-length", "content-type", "date", "server", "connection", "keep-alive",
+            "transfer-encoding")
+    headers = {k: v for k, v in stored["headers"].items() if k.lower() not in skip}
     try:
         import uvloop
 

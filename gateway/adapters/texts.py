@@ -123,6 +123,8 @@ def parse_embeddings(data: dict[str, Any], resolve: Resolve, *,
     check_keys(data, {"model", "input", "encoding_format", "user", "dimensions"})
     name = require_str(data, "model")
     texts = text_list(data.get("input"), "input")
+    if "user" in data and not isinstance(data["user"], str):
+        raise ValidationFailed("user", "must be a string")
     fmt = data.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise ValidationFailed("encoding_format", "must be 'float' or 'base64'")

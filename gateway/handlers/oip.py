@@ -8,7 +8,7 @@ from aiohttp import web
 
 from gateway import state
 from gateway.adapters.oip import parse_oip
-from gateway.errors import ModelNotFound
+from gateway.errors import BadGateway, ModelNotFound
 from gateway.handlers.common import resolver, serve
 from gateway.middleware import request_id_of
 
@@ -36,6 +36,11 @@ async def model_metadata(request: web.Request) -> web.Response:
     version = request.match_info.get("version")
     path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
     raw = await request.app[state.UPSTREAM].get(path, request_id=request_id_of(request))
+    if raw.status == 404:
+        what = f"version {version!r} of model {model!r}" if version else f"model {model!r}"
+        raise ModelNotFound(f"{what} is not served here")
+    if raw.status != 200:
+        raise BadGateway(f"backend {raw.backend} answered {raw.status} to a metadata request")
     return web.Response(status=raw.status, body=raw.body, content_type="application/json")
 
 

@@ -31,12 +31,7 @@ from tests.openapi_support import METHODS, load
 DOC = load(openapi.DOCUMENT)
 CASES_PER_OPERATION = 30  # positive and negative together
 
-KNOWN = {
-    ("GET", "/v2/models/{name}/versions/{version}"): (
-        "defect: the metadata passthrough relays the backend's 404 body for an unknown version "
-        '({"error": "<message>"}, the OIP shape) instead of the gateway\'s error shape '
-        "(gateway/handlers/oip.py model_metadata)"),
-}
+KNOWN: dict[tuple[str, str], str] = {}  # (method, path) -> the defect that fails it (strict xfail)
 
 
 def _operations() -> list[Any]:
