@@ -171,6 +171,41 @@ async def test_standard_client_bodies_without_json_content_type(
                        atol=1e-5)
 
 
+async def test_binary_inputs_with_json_outputs_and_sizes_that_do_not_add_up(
+    client: TestClient[Any, Any],
+) -> None:
+    texts = ["binary in, JSON out", "ünïcödé ✓"]
+    binary = b"".join(struct.pack("<I", len(t.encode())) + t.encode() for t in texts)
+
+    async def post(size: int, tail: bytes = b"", length: str | None = None) -> Any:
+        header = orjson.dumps({"id": "bin-1", "inputs": [{
+            "name": "text", "datatype": "BYTES", "shape": [2],
+            "parameters": {"binary_data_size": size}}]})
+        return await client.post(
+            "/v2/models/minilm/infer", data=header + binary + tail,
+            headers={"Inference-Header-Content-Length": length or str(len(header)),
+                     "Content-Type": "application/octet-stream"})
+
+    response = await post(len(binary))
+    assert response.status == 200, await response.text()
+    assert response.content_type == "application/json"  # no binary output asked for
+    answer = await response.json()
+    _, plain = await infer(client, texts)
+    assert answer["id"] == "bin-1"
+    assert np.allclose(embeddings_of(answer), embeddings_of(plain), atol=1e-5)
+    assert answer["outputs"][1]["data"] == plain["outputs"][1]["data"]  # token counts
+    for bad, message in (
+        (await post(len(binary) + 3), "runs past the binary data"),
+        (await post(len(binary), tail=b"junk"), "add up to"),
+        (await post(len(binary) - 1), "add up to"),
+        (await post(len(binary), length="ten"), "must be an integer"),
+        (await post(len(binary), length="100000"), "larger than the body"),
+    ):
+        assert bad.status == 400
+        assert bad.content_type == "application/json"
+        assert message in (await bad.json())["error"]
+
+
 async def test_binary_outputs_on_request_match_json_outputs(
     client: TestClient[Any, Any],
 ) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ import pytest
 
 from backend.__main__ import main
 from backend.runtime import probe_gpu
+from backend.settings import DEFAULT_GRPC_PORT
 from tests.conftest import REPO, free_port
 
 pytestmark = pytest.mark.model
@@ -98,3 +101,40 @@ def test_build_model_is_wired(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["build-model", "--help"])
     assert info.value.code == 0 and "minilm" in capsys.readouterr().out
+
+
+def test_a_grpc_port_asked_for_and_taken_exits_2_and_says_why(models_dir: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        grpc_port = taken.getsockname()[1]
+        proc = backend("serve", "--models", str(models_dir), "--port", str(free_port()),
+                       "--grpc-port", str(grpc_port), "--device", "cpu",
+                       env={"BACKEND_WARMUP_LENGTHS": "8", "BACKEND_WARMUP_BATCH_SIZES": "1"})
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert f"error: cannot listen for gRPC on 127.0.0.1:{grpc_port}" in stderr.decode()
+
+
+def test_the_default_grpc_port_taken_leaves_rest_serving_with_a_warning(models_dir: Path) -> None:
+    # 8002 is taken while this runs: by this socket, or already by something else.
+    with contextlib.ExitStack() as stack:
+        with contextlib.suppress(OSError):
+            stack.enter_context(socket.create_server(("127.0.0.1", DEFAULT_GRPC_PORT)))
+        port = free_port()
+        proc = backend("serve", "--models", str(models_dir), "--port", str(port),
+                       "--device", "cpu",
+                       env={"BACKEND_WARMUP_LENGTHS": "8", "BACKEND_WARMUP_BATCH_SIZES": "1"})
+        try:
+            for _ in range(600):  # bounded: 60 s
+                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+                with contextlib.suppress(OSError):
+                    if get(f"http://127.0.0.1:{port}/v2/health/ready")[0] == 200:
+                        break
+                time.sleep(0.1)
+            else:
+                pytest.fail("the backend never became ready")
+        finally:
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    records = [orjson.loads(line) for line in stderr.decode().splitlines() if line.strip()]
+    assert any(r["msg"] == "default gRPC port taken; serving REST only" for r in records)

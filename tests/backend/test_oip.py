@@ -68,6 +68,71 @@ def test_triton_binary_bytes_extension() -> None:
         parse(header + bad, json_length=len(header))
 
 
+def packed(*texts: str) -> bytes:
+    """Triton's raw BYTES layout: per element a 4-byte little-endian length, then the bytes."""
+    return b"".join(struct.pack("<I", len(t.encode())) + t.encode() for t in texts)
+
+
+def binary_request(inputs: list[dict[str, Any]], binary: bytes) -> tuple[bytes, int]:
+    header = orjson.dumps({"inputs": inputs})
+    return header + binary, len(header)
+
+
+def binary_text(count: int, size: int) -> dict[str, Any]:
+    return {"name": "text", "datatype": "BYTES", "shape": [count],
+            "parameters": {"binary_data_size": size}}
+
+
+@pytest.mark.parametrize(
+    ("inputs", "binary", "message"),
+    [
+        ([binary_text(1, 9)], packed("abc"), "runs past the binary data"),
+        ([binary_text(1, 7)], packed("abc") + b"extra", "add up to 7 bytes, but 12 bytes"),
+        ([binary_text(1, 7)], struct.pack("<I", 10) + b"abc", "truncated binary BYTES element"),
+        ([binary_text(1, 2)], b"ab", "truncated binary BYTES element"),
+        ([binary_text(2, 7)], packed("abc"), "shape needs 2 elements, binary data holds 1"),
+        ([binary_text(1, -1)], b"", "non-negative integer"),
+        ([binary_text(1, True)], packed("a"), "non-negative integer"),
+        ([{**binary_text(1, 5), "data": ["a"]}], packed("a"), "both 'data' and"),
+        ([{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}], packed("a"),
+         "add up to 0 bytes, but 5 bytes"),
+    ],
+    ids=["past-the-end", "left-over", "element-cut", "length-cut", "count", "negative", "bool",
+         "both", "json-input-with-binary"],
+)
+def test_binary_sizes_that_do_not_add_up_are_rejected(
+    inputs: list[dict[str, Any]], binary: bytes, message: str
+) -> None:
+    body, length = binary_request(inputs, binary)
+    with pytest.raises(BadRequest, match=message):
+        parse(body, json_length=length)
+
+
+def test_binary_header_longer_than_the_body_is_rejected() -> None:
+    body, length = binary_request([binary_text(1, 5)], packed("a"))
+    with pytest.raises(BadRequest, match="larger than the body"):
+        parse(body, json_length=len(body) + 1)
+    with pytest.raises(BadRequest, match="malformed JSON"):  # the JSON part cut short
+        parse(body, json_length=length - 1)
+
+
+def test_mixed_json_and_binary_inputs_take_their_own_bytes_in_order() -> None:
+    inputs: list[Any] = [
+        binary_text(2, len(packed("a", "bc"))),
+        {"name": "other", "datatype": "BYTES", "shape": [1], "data": ["json"]},
+        binary_text(1, len(packed("déf"))),
+    ]
+    binary = packed("a", "bc") + packed("déf")
+    chunks = oip.binary_chunks(inputs, memoryview(binary))
+    assert chunks[1] is None
+    assert oip.decode_bytes_elements(chunks[0], 2, "first") == ["a", "bc"]  # type: ignore[arg-type]
+    assert oip.decode_bytes_elements(chunks[2], 1, "third") == ["déf"]  # type: ignore[arg-type]
+    # The one-input model takes the first and says why it refuses the rest.
+    body, length = binary_request(inputs, binary)
+    with pytest.raises(BadRequest, match="the model takes one input"):
+        parse(body, json_length=length)
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
