@@ -61,3 +61,13 @@ def test_sampled_keeps_a_share_of_successes_and_every_error() -> None:
 def test_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="access log mode"):
         AccessLog(io.BytesIO(), mode="verbose")
+
+
+def test_lines_escape_what_json_must_and_parse_back() -> None:
+    stream = io.BytesIO()
+    log = AccessLog(stream, mode="all")
+    log.record('a"b\\c', "POST", "/v1/rank", 200, "HIT", 'ten"ant\n', 2.0004, "total;dur=2.000")
+    log.flush()
+    (line,) = lines(stream)
+    assert line["request_id"] == 'a"b\\c' and line["tenant"] == 'ten"ant\n'
+    assert line["duration_ms"] == 2.0 and line["status"] == 200
