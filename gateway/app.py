@@ -21,6 +21,7 @@ from gateway import openapi, ops_routes, state
 from gateway.access_log import AccessLog
 from gateway.adapters.render import FragmentCache
 from gateway.admission import Admission
+from gateway.batch import service as batch
 from gateway.cache.memory import MemoryCache
 from gateway.cache.node import open_node_cache
 from gateway.cache.redis import RedisCache
@@ -111,6 +112,7 @@ def create_app(
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/openapi.json", openapi.handler(openapi.load()))
     ops_routes.register(app)
+    batch.register(app)  # after _lifetime: its worker needs the pipeline
     return app
 
 
@@ -125,6 +127,7 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
         await policies.reload()
         await policies.start()
         admission = Admission(settings.admission, observer=app[state.OBSERVER])
+        app[state.ADMISSION] = admission
         upstream = Upstream(transport, router, admission, settings.routing,
                             observer=app[state.OBSERVER])
         app[state.UPSTREAM] = upstream

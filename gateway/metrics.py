@@ -196,3 +196,32 @@ class GatewayMetrics:
             "gateway_redis_circuit_open", "1 while the Redis circuit breaker is open.",
             registry=reg, multiprocess_mode="liveall",
         )
+        self.batch_lines = Counter(
+            "gateway_batch_lines_total",
+            "Batch lines by outcome: completed, failed (an error line), retried (shed or "
+            "failed by the backends, tried again later).",
+            ["outcome"], registry=reg,
+        )
+        self.batch_deferred = Counter(
+            "gateway_batch_deferred_total",
+            "Times a batch line waited so interactive calls keep the capacity, by reason.",
+            ["reason"], registry=reg,
+        )
+        # Read from the shared Redis by every worker: the latest reading is the cluster's.
+        self.batch_queue_lines = Gauge(
+            "gateway_batch_queue_lines",
+            "Lines of unfinished batches not answered yet (all gateways sharing the Redis).",
+            registry=reg, multiprocess_mode="mostrecent",
+        )
+        self.batch_queue_lag = Gauge(
+            "gateway_batch_queue_lag_seconds", "Age of the oldest entry in the batch queue.",
+            registry=reg, multiprocess_mode="mostrecent",
+        )
+        self.batch_jobs = Gauge(
+            "gateway_batch_jobs", "Unfinished batches, by status (all gateways sharing the Redis).",
+            ["status"], registry=reg, multiprocess_mode="mostrecent",
+        )
+        self.batch_finished = Counter(
+            "gateway_batch_jobs_finished_total", "Batches that reached a final status, by status.",
+            ["status"], registry=reg,
+        )

@@ -8,7 +8,7 @@ label children (``labels()`` per call costs a lock and a dict walk, more than a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -86,6 +86,21 @@ class Observer(Protocol):
     def concurrency_limit(self, tier: str, limit: int, min_rtt_s: float | None) -> None:
         """A tier's concurrency limit (and the adaptive minRTT, when adaptive) moved."""
 
+    def batch_lines(self, outcome: str, n: int) -> None:
+        """Batch lines answered (``completed``, ``failed``) or tried again later (``retried``:
+        the backends shed or failed them)."""
+
+    def batch_deferred(self, reason: str) -> None:
+        """A batch line held back so interactive calls keep the capacity (``queued``,
+        ``busy``, ``own_limit``, ``no_backend``)."""
+
+    def batch_queue(self, lines: int, lag_s: float, batches: Mapping[str, int]) -> None:
+        """The batch queue now: lines of unfinished batches still to answer, the age of the
+        oldest queue entry, and the unfinished batches by status."""
+
+    def batch_finished(self, status: str) -> None:
+        """A batch reached a final status (``completed``, ``cancelled``, ``expired``)."""
+
 
 class NullObserver:
     """Observes nothing."""
@@ -154,6 +169,18 @@ class NullObserver:
         pass
 
     def concurrency_limit(self, tier: str, limit: int, min_rtt_s: float | None) -> None:
+        pass
+
+    def batch_lines(self, outcome: str, n: int) -> None:
+        pass
+
+    def batch_deferred(self, reason: str) -> None:
+        pass
+
+    def batch_queue(self, lines: int, lag_s: float, batches: Mapping[str, int]) -> None:
+        pass
+
+    def batch_finished(self, status: str) -> None:
         pass
 
 
@@ -260,3 +287,19 @@ class MetricsObserver:
         m.child(m.concurrency_limit, tier).set(limit)
         if min_rtt_s is not None:
             m.child(m.min_rtt, tier).set(min_rtt_s)
+
+    def batch_lines(self, outcome: str, n: int) -> None:
+        self.tally.inc(self.metrics.batch_lines, (outcome,), n)
+
+    def batch_deferred(self, reason: str) -> None:
+        self.tally.inc(self.metrics.batch_deferred, (reason,))
+
+    def batch_queue(self, lines: int, lag_s: float, batches: Mapping[str, int]) -> None:
+        m = self.metrics
+        m.batch_queue_lines.set(lines)
+        m.batch_queue_lag.set(lag_s)
+        for status, n in batches.items():
+            m.child(m.batch_jobs, status).set(n)
+
+    def batch_finished(self, status: str) -> None:
+        self.tally.inc(self.metrics.batch_finished, (status,))

@@ -9,6 +9,8 @@ from aiohttp import web
 if TYPE_CHECKING:
     from gateway.access_log import AccessLog
     from gateway.adapters.render import FragmentCache
+    from gateway.admission import Admission
+    from gateway.batch.service import BatchService
     from gateway.cache.tiered import TieredCache
     from gateway.hot import HotAnswers
     from gateway.metrics import GatewayMetrics
@@ -34,3 +36,6 @@ ROUTER: web.AppKey[Router] = web.AppKey("router")
 UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream")
 STATS: web.AppKey[Stats] = web.AppKey("stats")
 FRAGMENTS: web.AppKey[FragmentCache] = web.AppKey("fragments")
+ADMISSION: web.AppKey[Admission] = web.AppKey("admission")
+BATCH: web.AppKey[BatchService] = web.AppKey("batch")
+"""Only with a Redis for batches (gateway/batch/service.py); the batch routes answer 503 without."""

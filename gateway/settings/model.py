@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from gateway import validation as check
 from gateway.admission import AdmissionSettings
+from gateway.batch.settings import BatchSettings
 from gateway.cache.settings import CacheSettings, RedisSettings
 from gateway.routing.config import BackendSpec, RoutingSettings
 from gateway.validation import SettingsError
@@ -116,6 +117,8 @@ class Settings:
     """The cache policy files."""
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     """Log level and the request-text debug switch."""
+    batch: BatchSettings = field(default_factory=BatchSettings)
+    """Batch jobs (the Files and Batches API): limits, storage, and how workers run lines."""
 
     def __post_init__(self) -> None:
         check.label("host", self.host)

@@ -25,6 +25,7 @@ from bench.fuzz import (
     still_serving,
 )
 from gateway import openapi
+from tests.conftest import RedisServer
 from tests.gateway.conftest import BackendProc
 from tests.openapi_support import METHODS, load
 
@@ -50,9 +51,11 @@ def _operations() -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def gateway_url(backend: BackendProc) -> Iterator[str]:
-    """``python -m gateway serve`` (one worker, an admin token) in front of the real backend."""
+def gateway_url(backend: BackendProc, redis_server: RedisServer) -> Iterator[str]:
+    """``python -m gateway serve`` (one worker, an admin token) in front of the real backend,
+    with Redis (the batch routes need it: without, they answer 503 by design)."""
     with services.gateway(backend.url, cores=None, name="fuzz-gateway",
+                          redis_url=redis_server.url,
                           settings={"admin_token": ADMIN_TOKEN,
                                     "logging": {"level": "WARNING"}}) as gw:
         yield gw.url

@@ -30,7 +30,7 @@ from tests.gateway.conftest import gateway_env
 
 PATHS = {s.path for s in settings_fields()}
 SECTIONS = ("cache", "cache.node", "redis", "routing", "admission", "admission.adaptive",
-            "policies", "logging")
+            "policies", "logging", "batch")
 
 
 def value_at(settings: Settings, path: str) -> Any:
@@ -194,6 +194,7 @@ def sample(setting: Setting) -> tuple[object, object, str]:
         "models": (("minilm", "other"), ["minilm", "other"], "minilm,other"),
         "model_aliases": ({"ada": "minilm"}, {"ada": "minilm"}, "ada=minilm"),
         "redis.url": ("redis://cache.example:6380/2",) * 2 + ("redis://cache.example:6380/2",),
+        "batch.redis_url": ("redis://batch.example:6379/1",) * 3,
         "logging.level": ("DEBUG", "DEBUG", "debug"),
         "logging.access_log": ("sampled", "sampled", "sampled"),
     }
