@@ -82,7 +82,7 @@ def create_app(
         Tenants.load(Path(settings.tenants_file)) if settings.tenants_file else Tenants.public()
     )
     policies = PolicyStore(
-        _policy_paths(settings.policies.path), metrics=metrics,
+        _policy_paths(settings.policies.path), observer=observer,
         shadow_paths=_policy_paths(settings.policies.shadow_path) or None,
         poll_interval_s=settings.policies.poll_interval_s,
         models=KnownModels(names=settings.models, aliases=settings.model_aliases),

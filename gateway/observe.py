@@ -41,6 +41,15 @@ class Observer(Protocol):
     def policy_rejected(self, error: PolicyRejected) -> None:
         """A request a ``reject`` detector refused."""
 
+    def policy_reloaded(self, result: str) -> None:
+        """A policy reload ended: ``success`` or ``failure`` (the last good policy stays)."""
+
+    def policy_active(self, old: str | None, new: str, sources: str) -> None:
+        """The active policy version changed (``old`` is None at start)."""
+
+    def shadow_differences(self, rule: str, shadow_rule: str, fields: Sequence[str]) -> None:
+        """The shadow policy would have decided a request differently, in these fields."""
+
     def cache_lookups(self, tier: str, result: str, items: int) -> None:
         """Per-item lookups in one tier: result is hit, stale, miss or error."""
 
@@ -124,6 +133,15 @@ class NullObserver:
         pass
 
     def policy_rejected(self, error: PolicyRejected) -> None:
+        pass
+
+    def policy_reloaded(self, result: str) -> None:
+        pass
+
+    def policy_active(self, old: str | None, new: str, sources: str) -> None:
+        pass
+
+    def shadow_differences(self, rule: str, shadow_rule: str, fields: Sequence[str]) -> None:
         pass
 
     def cache_lookups(self, tier: str, result: str, items: int) -> None:
@@ -229,6 +247,21 @@ class MetricsObserver:
         m, t = self.metrics, self.tally
         t.inc(m.policy_decisions, (error.rule, "reject"))
         t.inc(m.pii_detections, (error.detector, "reject"))
+
+    def policy_reloaded(self, result: str) -> None:
+        self.tally.inc(self.metrics.policy_reloads, (result,))
+
+    def policy_active(self, old: str | None, new: str, sources: str) -> None:
+        m = self.metrics
+        if old is not None and old != new:
+            m.policy_version.labels(old).set(0)
+        m.policy_version.labels(new).set(1)
+        if m.policy_info is not None:
+            m.policy_info.info({"version": new, "sources": sources})
+
+    def shadow_differences(self, rule: str, shadow_rule: str, fields: Sequence[str]) -> None:
+        for name in fields:
+            self.tally.inc(self.metrics.policy_shadow_diffs, (rule, shadow_rule, name))
 
     def cache_lookups(self, tier: str, result: str, items: int) -> None:
         if items:

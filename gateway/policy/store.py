@@ -18,8 +18,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.errors import PolicyRejected
-from gateway.metrics import GatewayMetrics
+from gateway.observe import NullObserver, Observer
 from gateway.policy.evaluate import Decision
 from gateway.policy.loader import PolicyError, default_policy, load_policy, policy_files
 from gateway.policy.model import Policy
@@ -53,24 +52,6 @@ def differences(active: Decision | None, shadow: Decision | None) -> tuple[str, 
     return tuple(name for name, x, y in pairs if x != y)
 
 
-def record_decision(metrics: GatewayMetrics, decision: Decision) -> None:
-    """Count a decision by rule (``cache``, ``no_cache``, ``no_store_items``) and its detections."""
-    kind = "cache" if decision.cache else "no_cache"
-    if decision.cache and not all(item.store for item in decision.items):
-        kind = "no_store_items"
-    metrics.child(metrics.policy_decisions, decision.rule.name, kind).inc()
-    actions = decision.rule.privacy.detectors
-    for item in decision.items:
-        for name in item.detectors:
-            metrics.child(metrics.pii_detections, name, actions[name]).inc()
-
-
-def record_rejection(metrics: GatewayMetrics, error: PolicyRejected) -> None:
-    """Count a request a ``reject`` detector refused (``evaluate`` raised instead of deciding)."""
-    metrics.policy_decisions.labels(error.rule, "reject").inc()
-    metrics.pii_detections.labels(error.detector, "reject").inc()
-
-
 class PolicyStore:
     """The active policy and an optional shadow one, kept in step with their files."""
 
@@ -78,7 +59,7 @@ class PolicyStore:
         self,
         paths: Sequence[Path],
         *,
-        metrics: GatewayMetrics | None,
+        observer: Observer | None = None,
         shadow_paths: Sequence[Path] | None = None,
         poll_interval_s: float = 1.0,
         models: KnownModels | None = None,
@@ -86,7 +67,7 @@ class PolicyStore:
         self._models = models  # served models: a rule naming another is refused (None: unchecked)
         self._paths = tuple(Path(p) for p in paths)
         self._shadow_paths = tuple(Path(p) for p in shadow_paths or ())
-        self._metrics = metrics
+        self._observer: Observer = observer or NullObserver()
         self._poll_interval_s = poll_interval_s
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -125,14 +106,8 @@ class PolicyStore:
         return tuple(entries)
 
     def _publish(self, old: Policy | None, new: Policy) -> None:
-        m = self._metrics
-        if m is None:
-            return
-        if old is not None and old.version != new.version:
-            m.policy_version.labels(old.version).set(0)
-        m.policy_version.labels(new.version).set(1)
-        if m.policy_info is not None:
-            m.policy_info.info({"version": new.version, "sources": ",".join(new.sources)})
+        self._observer.policy_active(old.version if old is not None else None, new.version,
+                                     ",".join(new.sources))
 
     async def reload(self) -> Policy:
         """Re-read the files; the new active policy, or ``PolicyError`` with the old one kept."""
@@ -143,16 +118,14 @@ class PolicyStore:
                 active, shadow = await loop.run_in_executor(None, self._load)
             except PolicyError as exc:
                 self._snapshot = snapshot  # do not retry the same bad files on every poll
-                if self._metrics is not None:
-                    self._metrics.policy_reloads.labels("failure").inc()
+                self._observer.policy_reloaded("failure")
                 log.error("policy reload refused, keeping %s: %s", self._active.version,
                           "; ".join(str(e) for e in exc.errors))
                 raise
             old = self._active
             self._snapshot, self._active, self._shadow = snapshot, active, shadow
             self._publish(old, active)
-            if self._metrics is not None:
-                self._metrics.policy_reloads.labels("success").inc()
+            self._observer.policy_reloaded("success")
             log.info("policy %s active (was %s), shadow %s", active.version, old.version,
                      shadow.version if shadow is not None else "none")
             return active
@@ -189,9 +162,8 @@ class PolicyStore:
     def compare_shadow(self, active: Decision | None, shadow: Decision | None) -> tuple[str, ...]:
         """Count where the shadow policy decides differently (``None``: that policy rejected)."""
         found = differences(active, shadow)
-        if found and self._metrics is not None:
-            rule = active.rule.name if active is not None else "rejected"
-            shadow_rule = shadow.rule.name if shadow is not None else "rejected"
-            for name in found:
-                self._metrics.policy_shadow_diffs.labels(rule, shadow_rule, name).inc()
+        if found:
+            self._observer.shadow_differences(
+                active.rule.name if active is not None else "rejected",
+                shadow.rule.name if shadow is not None else "rejected", found)
         return found

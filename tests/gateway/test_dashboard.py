@@ -133,7 +133,7 @@ async def test_stats_add_up_across_worker_processes(
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     metrics = GatewayMetrics(CollectorRegistry())
     router = Router([BackendSpec(url="http://b:1", zone="z")], RoutingSettings(zone="z"))
-    store = PolicyStore([], metrics=None)
+    store = PolicyStore([])
     await store.reload()
     snap = Stats(metrics.registry, router=router, policies=store).snapshot()
     assert snap["requests"]["by_cache"] == {"HIT": 7.0}

@@ -143,7 +143,7 @@ async def build(route: str, policy: Path) -> Rig:
     settings = RoutingSettings(retry=False)
     router = Router([BackendSpec(url="http://fake:1")], settings)
     upstream = Upstream(MemoryTransport(model), router, Admission(AdmissionSettings()), settings)
-    policies = PolicyStore([policy], metrics=None)
+    policies = PolicyStore([policy])
     l1 = MemoryCache(max_entries=1000, max_bytes=10**7, clock=clock)
     pipeline = Pipeline(policies=policies, cache=TieredCache(l1, None), upstream=upstream,
                         model_version=lambda _m: "1", observer=NullObserver(), clock=clock)

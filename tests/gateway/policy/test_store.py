@@ -15,8 +15,9 @@ from prometheus_client import CollectorRegistry
 
 from gateway.errors import PolicyRejected
 from gateway.metrics import GatewayMetrics
+from gateway.observe import MetricsObserver
 from gateway.policy import PolicyError, default_policy, evaluate
-from gateway.policy.store import PolicyStore, differences, record_decision, record_rejection
+from gateway.policy.store import PolicyStore, differences
 from gateway.policy.targets import KnownModels
 
 GOOD = "version: one\nrules:\n  - name: all\n    ttl: 1h\n"
@@ -50,7 +51,7 @@ async def wait_for(condition: Callable[[], bool]) -> None:
 
 
 def test_without_files_the_built_in_default_is_active(metrics: GatewayMetrics) -> None:
-    store = PolicyStore([], metrics=metrics)
+    store = PolicyStore([], observer=MetricsObserver(metrics))
     assert store.active == default_policy()
     assert store.shadow is None
     assert sample(metrics, "gateway_policy_active", version=store.active.version) == 1
@@ -62,13 +63,13 @@ def test_an_invalid_file_at_start_up_raises(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(BAD)
     with pytest.raises(PolicyError):
-        PolicyStore([path], metrics=None)
+        PolicyStore([path])
 
 
 async def test_reload_swaps_in_a_valid_change(tmp_path: Path, metrics: GatewayMetrics) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(GOOD)
-    store = PolicyStore([path], metrics=metrics)
+    store = PolicyStore([path], observer=MetricsObserver(metrics))
     old = store.active.version
     rewrite(path, GOOD_TWO)
     new = await store.reload()
@@ -85,7 +86,7 @@ async def test_invalid_reload_keeps_the_last_good_policy(
 ) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(GOOD)
-    store = PolicyStore([path], metrics=metrics)
+    store = PolicyStore([path], observer=MetricsObserver(metrics))
     good = store.active
     rewrite(path, BAD)
     with caplog.at_level(logging.ERROR, "gateway.policy"), pytest.raises(PolicyError) as info:
@@ -107,7 +108,7 @@ async def test_polling_picks_up_a_change_and_refuses_a_bad_one(
 ) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(GOOD)
-    store = PolicyStore([path], metrics=metrics, poll_interval_s=0.02)
+    store = PolicyStore([path], observer=MetricsObserver(metrics), poll_interval_s=0.02)
     await store.start()
     try:
         rewrite(path, GOOD_TWO)
@@ -127,7 +128,7 @@ async def test_polling_a_folder_sees_added_files(tmp_path: Path) -> None:
     folder = tmp_path / "policies"
     folder.mkdir()
     (folder / "10-a.yaml").write_text("rules:\n  - name: a\n    match: {tenants: [x]}\n")
-    store = PolicyStore([folder], metrics=None, poll_interval_s=0.02)
+    store = PolicyStore([folder], poll_interval_s=0.02)
     await store.start()
     try:
         rewrite(folder / "20-b.yaml", "rules:\n  - name: b\n")
@@ -142,7 +143,8 @@ def test_shadow_differences_are_counted_by_rule(tmp_path: Path, metrics: Gateway
     shadow_file = tmp_path / "shadow.yaml"
     shadow_file.write_text("rules:\n  - name: shared\n    scope: shared\n    ttl: 2h\n"
                            "    privacy: {detectors: {email: redact}}\n")
-    store = PolicyStore([active_file], metrics=metrics, shadow_paths=[shadow_file])
+    store = PolicyStore([active_file], observer=MetricsObserver(metrics),
+                        shadow_paths=[shadow_file])
     assert store.shadow is not None
     texts = ["hi", "mail a@b.example.com"]
     active = evaluate(store.active, texts=texts, **ARGS)
@@ -164,7 +166,8 @@ def test_differences_of_equal_and_rejected_decisions() -> None:
 
 
 def test_record_decision(metrics: GatewayMetrics) -> None:
-    record_decision(metrics, evaluate(default_policy(), texts=["a", "b@c.example.com"], **ARGS))
+    MetricsObserver(metrics).policy_decided(
+        evaluate(default_policy(), texts=["a", "b@c.example.com"], **ARGS))
     assert sample(metrics, "gateway_policy_decisions_total", rule="default",
                   decision="no_store_items") == 1
     assert sample(metrics, "gateway_pii_detections_total", detector="email",
@@ -172,7 +175,7 @@ def test_record_decision(metrics: GatewayMetrics) -> None:
 
 
 def test_record_rejection(metrics: GatewayMetrics) -> None:
-    record_rejection(metrics, PolicyRejected("input", "card", "strict"))
+    MetricsObserver(metrics).policy_rejected(PolicyRejected("input", "card", "strict"))
     assert sample(metrics, "gateway_policy_decisions_total", rule="strict", decision="reject") == 1
     assert sample(metrics, "gateway_pii_detections_total", detector="card", action="reject") == 1
 
@@ -184,7 +187,7 @@ def test_the_shipped_policies_folder_starts_the_store_with_the_default(
     metrics: GatewayMetrics,
 ) -> None:
     # `--policies policies/`: only default.yaml is read; examples/ is a subfolder.
-    store = PolicyStore([REPO / "policies"], metrics=metrics,
+    store = PolicyStore([REPO / "policies"], observer=MetricsObserver(metrics),
                         models=KnownModels(names=("minilm",)))
     assert store.active.rules == default_policy().rules
     assert store.active.sources == (str(REPO / "policies" / "default.yaml"),)
@@ -195,7 +198,8 @@ async def test_a_reload_with_a_rule_that_can_never_match_is_refused(
 ) -> None:
     path = tmp_path / "p.yaml"
     path.write_text("rules:\n  - name: e\n    match: {routes: /v1/embeddings, models: minilm}\n")
-    store = PolicyStore([path], metrics=metrics, models=KnownModels(names=("minilm",)))
+    store = PolicyStore([path], observer=MetricsObserver(metrics),
+                        models=KnownModels(names=("minilm",)))
     good = store.active
     for text in ("rules:\n  - name: e\n    match: {routes: [/v1/embedings]}\n",
                  "rules:\n  - name: e\n    match: {models: [minilm-v2]}\n"):
