@@ -16,6 +16,10 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from aiohttp import web
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway import state
 from gateway.batch.blobs import Blobs, DirBlobs, RedisBlobs
@@ -74,8 +78,12 @@ async def _lifetime(app: web.Application, url: str) -> AsyncIterator[None]:
     settings = app[state.SETTINGS]
     batch = settings.batch
     # Generous timeouts: batch commands are not on the interactive path, and XREADGROUP blocks.
-    client = aioredis.Redis.from_url(url, socket_timeout=10.0, socket_connect_timeout=2.0,
-                                     health_check_interval=15)
+    # Retrying a command whose connection broke is safe here: every write is idempotent (HSETNX
+    # results, SET/HSET by id, a queue entry run twice changes nothing).
+    client = aioredis.Redis.from_url(
+        url, socket_timeout=10.0, socket_connect_timeout=2.0, health_check_interval=15,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError])
     keys = Keys(settings.redis.key_prefix)
     blobs: Blobs = DirBlobs(batch.storage_dir) if batch.storage_dir else RedisBlobs(client, keys)
     files = FileStore(client, keys, blobs, batch)

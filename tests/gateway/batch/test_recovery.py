@@ -1,0 +1,104 @@
+"""Crashes mid-batch: a gateway process killed with SIGKILL while it holds queue entries, and
+Redis itself killed and restarted. Either way the batch completes with every input line exactly
+once in its output and error files."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import time
+from typing import Any
+
+import openai
+
+from bench.services import Server
+from tests.gateway.batch.conftest import (
+    Gateways,
+    PersistentRedis,
+    client,
+    jsonl,
+    read_lines,
+    wait_finished,
+)
+
+LINES = 40
+# Slow enough per line (several long texts) that the batch is still running when we strike.
+SENTENCE = ("the quick brown fox jumps over the lazy dog while a patient gateway keeps every "
+            "interactive answer fast and lets heavy work wait for spare capacity")
+
+
+def heavy_rows(tag: str) -> list[dict[str, Any]]:
+    rows = []
+    for i in range(LINES):
+        texts = [f"{tag}-{i}-{j} " + " ".join([SENTENCE] * 3) for j in range(3)]
+        rows.append({"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/embeddings",
+                     "body": {"model": "minilm", "input": texts}})
+    return rows
+
+
+def start_batch(api: openai.OpenAI, rows: list[dict[str, Any]]) -> str:
+    upload = api.files.create(file=("heavy.jsonl", jsonl(rows)), purpose="batch")
+    return api.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings",
+                              completion_window="24h").id
+
+
+def assert_each_line_once(api: openai.OpenAI, batch_id: str, rows: list[dict[str, Any]]) -> None:
+    done = wait_finished(api, batch_id, timeout_s=90)
+    assert done.status == "completed", done
+    lines = read_lines(api, done.output_file_id) + read_lines(api, done.error_file_id)
+    ids = [line["custom_id"] for line in lines]
+    assert len(ids) == len(set(ids)) == len(rows), (len(ids), len(set(ids)))
+    assert set(ids) == {r["custom_id"] for r in rows}
+    assert done.request_counts.completed == len(rows) and done.request_counts.failed == 0
+
+
+def pending_of(redis: PersistentRedis, pid: int) -> int:
+    """Queue entries a gateway process (by PID) holds unacknowledged."""
+    found = redis.client().xpending("gw:v1:batch:queue", "workers")
+    return sum(int(c["pending"]) for c in found.get("consumers", [])
+               if c["name"].decode().split(":")[1] == str(pid))
+
+
+def test_a_killed_worker_process_has_its_lines_taken_over(gateways: Gateways) -> None:
+    first: Server = gateways.start(concurrency=2, chunk_lines=4)
+    second: Server = gateways.start(concurrency=2, chunk_lines=4)
+    api = client(second)
+    rows = heavy_rows(f"crash-{secrets.token_hex(4)}")
+    batch_id = start_batch(api, rows)
+    victim = first.service.pid
+    deadline = time.monotonic() + 30
+    while pending_of(gateways.redis, victim) == 0:  # strike while it holds entries
+        assert time.monotonic() < deadline, "the first gateway never took an entry"
+        time.sleep(0.02)
+    before = api.batches.retrieve(batch_id)
+    os.kill(victim, signal.SIGKILL)
+    assert before.status == "in_progress"
+    assert before.request_counts.completed < LINES
+    assert_each_line_once(api, batch_id, rows)
+    assert pending_of(gateways.redis, victim) == 0  # its entries were claimed and acknowledged
+
+
+def test_a_batch_resumes_after_redis_restarts(gateways: Gateways) -> None:
+    server = gateways.start(concurrency=2, chunk_lines=4)
+    api = client(server)
+    rows = heavy_rows(f"restart-{secrets.token_hex(4)}")
+    batch_id = start_batch(api, rows)
+    deadline = time.monotonic() + 30
+    while api.batches.retrieve(batch_id).request_counts.completed < 5:
+        assert time.monotonic() < deadline, "the batch made no progress"
+        time.sleep(0.05)
+    gateways.redis.kill()
+    try:
+        with_redis_down = api.batches.retrieve  # the routes answer 503 meanwhile
+        try:
+            with_redis_down(batch_id)
+            raise AssertionError("a batch read while Redis is down should fail")
+        except openai.InternalServerError as exc:
+            assert exc.status_code == 503
+        time.sleep(1.0)
+    finally:
+        gateways.redis.start()
+    middle = api.batches.retrieve(batch_id)
+    assert middle.status == "in_progress" and middle.request_counts.completed < LINES
+    assert_each_line_once(api, batch_id, rows)
