@@ -27,6 +27,7 @@ from gateway.cache.node import open_node_cache
 from gateway.cache.redis import RedisCache
 from gateway.cache.tiered import TieredCache
 from gateway.handlers import oip, openai, ops
+from gateway.handlers.common import rate_limit_headers
 from gateway.hot import HotAnswers
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import make_error_middleware
@@ -34,6 +35,9 @@ from gateway.observe import MetricsObserver
 from gateway.pipeline import Pipeline
 from gateway.policy.store import PolicyStore
 from gateway.policy.targets import KnownModels
+from gateway.quota.limiter import QuotaGate
+from gateway.quota.shared import SharedLimiter
+from gateway.quota.store import TenantStore
 from gateway.routing.balancer import Router
 from gateway.routing.health import HealthChecker
 from gateway.settings import Settings
@@ -64,7 +68,7 @@ def create_app(
     """
     settings.require_backends()
     metrics = GatewayMetrics(registry)
-    observer = MetricsObserver(metrics)
+    observer = MetricsObserver(metrics, top_tenants=settings.quotas.top_tenants)
     logs = settings.logging
     # Per-request lines only at INFO and below, as before (errors are logged on their own).
     access_log = AccessLog(mode=logs.access_log if logs.level in ("DEBUG", "INFO") else "off",
@@ -78,9 +82,15 @@ def create_app(
     app[state.METRICS] = metrics
     app[state.OBSERVER] = observer
     app[state.ACCESS_LOG] = access_log
-    app[state.TENANTS] = tenants if tenants is not None else (
-        Tenants.load(Path(settings.tenants_file)) if settings.tenants_file else Tenants.public()
-    )
+    tenant_store = TenantStore(
+        Path(settings.tenants_file) if settings.tenants_file else None, tenants=tenants,
+        poll_interval_s=settings.quotas.poll_interval_s,
+        on_reload=lambda result: metrics.tenants_reloads.labels(result).inc())
+    app[state.TENANTS] = tenant_store
+    app[state.QUOTAS] = QuotaGate(
+        settings.quotas, tenant_store, observer=observer,
+        shared=SharedLimiter(settings.redis) if settings.redis.url else None)
+    app.on_response_prepare.append(rate_limit_headers)
     policies = PolicyStore(
         _policy_paths(settings.policies.path), observer=observer,
         shadow_paths=_policy_paths(settings.policies.shadow_path) or None,
@@ -126,7 +136,10 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
         policies = app[state.POLICIES]
         await policies.reload()
         await policies.start()
-        admission = Admission(settings.admission, observer=app[state.OBSERVER])
+        tenants = app[state.TENANTS]
+        await tenants.start()
+        admission = Admission(settings.admission, observer=app[state.OBSERVER],
+                              share=app[state.TENANTS].share)
         app[state.ADMISSION] = admission
         upstream = Upstream(transport, router, admission, settings.routing,
                             observer=app[state.OBSERVER])
@@ -147,7 +160,7 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
         loop = asyncio.get_running_loop()
         if handle_signals:
             loop.add_signal_handler(signal.SIGHUP,
-                                    lambda: pipeline.background.spawn(_reload(policies)))
+                                    lambda: pipeline.background.spawn(_reload(policies, tenants)))
         try:
             yield
         finally:
@@ -155,8 +168,10 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
                 loop.remove_signal_handler(signal.SIGHUP)
             await health.stop()
             await policies.stop()
+            await tenants.stop()
             await pipeline.drain()
             await app[state.CACHE].close()
+            await app[state.QUOTAS].close()
             await transport.close()
             await app[state.METRICS].tally.stop()
             await app[state.ACCESS_LOG].stop()
@@ -164,9 +179,13 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
     return lifetime
 
 
-async def _reload(policies: PolicyStore) -> None:
+async def _reload(policies: PolicyStore, tenants: TenantStore) -> None:
     try:
         await policies.reload()
         log.info("policy reloaded on SIGHUP", extra={"policy_version": policies.active.version})
     except Exception:  # the store already logged the errors and kept the last good policy
+        pass
+    try:
+        await tenants.reload()
+    except Exception:  # likewise: logged, counted, the last good tenants stay
         return

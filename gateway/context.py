@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+
+from gateway.fairqueue import INTERACTIVE, Priority
 
 _MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?\s*(?:,|$)", re.IGNORECASE)
 
@@ -62,6 +65,11 @@ class RequestContext:
     """Server-Timing entries, milliseconds by name (parse, policy, cache, queue, upstream...)."""
     cache_status: str = ""
     policy_tag: str = ""
+    priority: Priority = INTERACTIVE
+    """Admission class of its backend calls: ``interactive``, or ``batch`` (batch jobs)."""
+    charge: Callable[[int, int], Awaitable[None]] | None = None
+    """Called once per request after the cache lookup, before any backend call, with (texts
+    going to a backend, texts answered from cache): the tenant's quota charge (may raise 429)."""
 
     def add_timing(self, name: str, seconds: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + seconds * 1000.0

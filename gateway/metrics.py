@@ -168,6 +168,45 @@ class GatewayMetrics:
             "gateway_shed_total", "Requests shed with 503/504, by reason.", ["reason"],
             registry=reg,
         )
+        # Per tenant: ``tenant`` is one of the busiest ``quotas.top_tenants`` ids or "other".
+        self.tenant_requests = Counter(
+            "gateway_tenant_requests_total",
+            "Requests of cached routes by tenant and outcome (ok, rate_limited, shed, error).",
+            ["tenant", "outcome"], registry=reg,
+        )
+        self.tenant_texts = Counter(
+            "gateway_tenant_texts_total",
+            "Texts answered by tenant and source (backend, cache, coalesced).",
+            ["tenant", "source"], registry=reg,
+        )
+        self.tenant_tokens = Counter(
+            "gateway_tenant_tokens_total", "Tokens of the texts answered, by tenant.",
+            ["tenant"], registry=reg,
+        )
+        self.tenant_compute = Counter(
+            "gateway_tenant_compute_seconds_total",
+            "Backend compute time the tenant's requests used (as the backends reported it).",
+            ["tenant"], registry=reg,
+        )
+        self.tenant_saved = Counter(
+            "gateway_tenant_compute_saved_seconds_total",
+            "Backend compute time cache answers saved the tenant.", ["tenant"], registry=reg,
+        )
+        self.tenant_rate_limited = Counter(
+            "gateway_tenant_rate_limited_total",
+            "Requests refused with 429, by tenant and limit (requests, texts, daily).",
+            ["tenant", "limit"], registry=reg,
+        )
+        self.quota_checks = Counter(
+            "gateway_quota_checks_total",
+            "Quota checks by who answered (redis, or local while Redis is unreachable or "
+            "absent) and result (allowed, limited).",
+            ["source", "result"], registry=reg,
+        )
+        self.tenants_reloads = Counter(
+            "gateway_tenants_reloads_total", "Tenants file reloads, by result.", ["result"],
+            registry=reg,
+        )
         self.policy_decisions = Counter(
             "gateway_policy_decisions_total", "Policy decisions, by rule and decision.",
             ["rule", "decision"], registry=reg,

@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from gateway.quota.labels import TenantLabels
+
 if TYPE_CHECKING:
     from gateway.errors import PolicyRejected
     from gateway.metrics import GatewayMetrics
     from gateway.policy import Decision
+    from gateway.quota.accounting import TenantUsage
 
 
 class Observer(Protocol):
@@ -34,6 +37,19 @@ class Observer(Protocol):
 
     def shed(self, reason: str) -> None:
         """A request refused with 503/504 before or instead of a backend call."""
+
+    def tenant_request(self, tenant: str, outcome: str) -> None:
+        """A cached route's request of ``tenant`` ended: ``ok``, ``rate_limited`` (429),
+        ``shed`` (503/504) or ``error`` (any other error)."""
+
+    def tenant_usage(self, tenant: str, usage: TenantUsage) -> None:
+        """What one answered request of ``tenant`` used: texts, tokens, compute, savings."""
+
+    def rate_limited(self, tenant: str, limit: str) -> None:
+        """A request of ``tenant`` refused (429) by one of its limits (requests, texts, daily)."""
+
+    def quota_checked(self, source: str, allowed: bool) -> None:
+        """A quota check answered by ``redis`` or (Redis unreachable or absent) ``local``."""
 
     def policy_decided(self, decision: Decision) -> None:
         """A policy decision (and the detectors that fired)."""
@@ -129,6 +145,18 @@ class NullObserver:
     def shed(self, reason: str) -> None:
         pass
 
+    def tenant_request(self, tenant: str, outcome: str) -> None:
+        pass
+
+    def tenant_usage(self, tenant: str, usage: TenantUsage) -> None:
+        pass
+
+    def rate_limited(self, tenant: str, limit: str) -> None:
+        pass
+
+    def quota_checked(self, source: str, allowed: bool) -> None:
+        pass
+
     def policy_decided(self, decision: Decision) -> None:
         pass
 
@@ -206,9 +234,11 @@ class MetricsObserver:
     """Observer over ``GatewayMetrics`` (Prometheus). Counters and histograms on the request path
     go through a ``Tally`` (batched; ``flush`` hands them over); gauges are set at once."""
 
-    def __init__(self, metrics: GatewayMetrics) -> None:
+    def __init__(self, metrics: GatewayMetrics, *, top_tenants: int = 20) -> None:
         self.metrics = metrics
         self.tally = metrics.tally
+        self.tenants = TenantLabels(top_tenants)
+        """Per-tenant series are labelled by the busiest ``top_tenants`` ids, the rest ``other``."""
 
     def flush(self) -> None:
         self.tally.flush()
@@ -231,6 +261,28 @@ class MetricsObserver:
 
     def shed(self, reason: str) -> None:
         self.tally.inc(self.metrics.shed, (reason,))
+
+    def tenant_request(self, tenant: str, outcome: str) -> None:
+        self.tally.inc(self.metrics.tenant_requests, (self.tenants.label(tenant), outcome))
+
+    def tenant_usage(self, tenant: str, usage: TenantUsage) -> None:
+        m, t, label = self.metrics, self.tally, self.tenants.of(tenant)
+        for source, n in (("backend", usage.backend_texts), ("cache", usage.cached_texts),
+                          ("coalesced", usage.coalesced_texts)):
+            if n:
+                t.inc(m.tenant_texts, (label, source), n)
+        if usage.tokens:
+            t.inc(m.tenant_tokens, (label,), usage.tokens)
+        if usage.compute_s:
+            t.inc(m.tenant_compute, (label,), usage.compute_s)
+        if usage.saved_s:
+            t.inc(m.tenant_saved, (label,), usage.saved_s)
+
+    def rate_limited(self, tenant: str, limit: str) -> None:
+        self.tally.inc(self.metrics.tenant_rate_limited, (self.tenants.of(tenant), limit))
+
+    def quota_checked(self, source: str, allowed: bool) -> None:
+        self.tally.inc(self.metrics.quota_checks, (source, "allowed" if allowed else "limited"))
 
     def policy_decided(self, decision: Decision) -> None:
         m, t = self.metrics, self.tally

@@ -29,3 +29,5 @@ def register(app: web.Application) -> None:
         app.router.add_post("/admin/purge", admin.purge)
         app.router.add_get("/admin/policies", admin.policies)
         app.router.add_post("/admin/policies/reload", admin.reload_policies)
+        app.router.add_get("/admin/tenants", admin.tenants)
+        app.router.add_post("/admin/tenants/reload", admin.reload_tenants)

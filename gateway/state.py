@@ -17,10 +17,11 @@ if TYPE_CHECKING:
     from gateway.observe import MetricsObserver
     from gateway.pipeline import Pipeline
     from gateway.policy.store import PolicyStore
+    from gateway.quota.limiter import QuotaGate
+    from gateway.quota.store import TenantStore
     from gateway.routing.balancer import Router
     from gateway.settings import Settings
     from gateway.stats import Stats
-    from gateway.tenants import Tenants
     from gateway.upstream import Upstream
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings")
@@ -29,7 +30,9 @@ PIPELINE: web.AppKey[Pipeline] = web.AppKey("pipeline")
 OBSERVER: web.AppKey[MetricsObserver] = web.AppKey("observer")
 ACCESS_LOG: web.AppKey[AccessLog] = web.AppKey("access_log")
 HOT: web.AppKey[HotAnswers] = web.AppKey("hot")
-TENANTS: web.AppKey[Tenants] = web.AppKey("tenants")
+TENANTS: web.AppKey[TenantStore] = web.AppKey("tenants")
+"""The tenants file, live: identify, each tenant's quota, weight and class (reloads)."""
+QUOTAS: web.AppKey[QuotaGate] = web.AppKey("quotas")
 POLICIES: web.AppKey[PolicyStore] = web.AppKey("policies")
 CACHE: web.AppKey[TieredCache] = web.AppKey("cache")
 ROUTER: web.AppKey[Router] = web.AppKey("router")

@@ -20,6 +20,11 @@ Definitions the page and the tests rely on:
   does (linear interpolation inside the bucket), for inference routes only, so the dashboard's
   own polling does not dilute them.
 
+- tenant usage: per tenant label (the busiest ``quotas.top_tenants`` ids, the rest ``other``)
+  requests by outcome (ok, rate_limited, shed, error), texts by source (backend, cache,
+  coalesced), tokens, backend compute seconds used and saved, 429s by limit, from the
+  ``gateway_tenant_*`` counters.
+
 Rates (requests/s, sheds/s, the hit ratio of the last interval) are differences between two
 snapshots; the page computes them, so every counter is reported as a lifetime total.
 """
@@ -220,6 +225,8 @@ class Stats:
             "redis_circuit_open": s.total("gateway_redis_circuit_open") > 0,
             "redis_configured": self._redis,
             "backends": self._backends(s),
+            "tenant_usage": tenant_usage(s),
+            "quota_checks": _nested(s, "gateway_quota_checks_total", "source", "result"),
         }
 
     def _policy(self) -> dict[str, Any]:
@@ -263,3 +270,22 @@ class Stats:
             })
         return out
 
+
+def tenant_usage(s: Samples) -> dict[str, dict[str, Any]]:
+    """Per tenant label: the ``gateway_tenant_*`` counters (see the module docstring)."""
+    requests = _nested(s, "gateway_tenant_requests_total", "tenant", "outcome")
+    texts = _nested(s, "gateway_tenant_texts_total", "tenant", "source")
+    limited = _nested(s, "gateway_tenant_rate_limited_total", "tenant", "limit")
+    tokens = s.sum_by("gateway_tenant_tokens_total", "tenant")
+    compute = s.sum_by("gateway_tenant_compute_seconds_total", "tenant")
+    saved = s.sum_by("gateway_tenant_compute_saved_seconds_total", "tenant")
+    names = set(requests) | set(texts) | set(limited) | set(tokens) | set(compute) | set(saved)
+    ranked = sorted(names, key=lambda t: -sum(requests.get(t, {}).values()))
+    return {t: {
+        "requests": requests.get(t, {}),
+        "texts": texts.get(t, {}),
+        "tokens": tokens.get(t, 0.0),
+        "compute_s": compute.get(t, 0.0),
+        "compute_saved_s": saved.get(t, 0.0),
+        "rate_limited": limited.get(t, {}),
+    } for t in ranked}

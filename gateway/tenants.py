@@ -1,10 +1,19 @@
-"""Tenants: which API key belongs to which tenant id (the cache scope).
+"""Tenants: which API key belongs to which tenant id (the cache scope), and each tenant's quota,
+fair-share weight and priority class.
 
 The tenants file stores only SHA-256 digests of the keys, never the keys::
 
+    defaults:                          # optional: what a tenant has unless it says otherwise
+      quota: {requests_per_s: 20, texts_per_s: 200, texts_per_day: 1000000}
     tenants:
       acme:
         api_keys_sha256: ["<64 hex chars>", "..."]
+        weight: 2                      # optional: share of a busy backend tier
+        priority: interactive          # optional: or batch
+        quota: {texts_per_s: 500}      # optional: key by key over the defaults
+
+The quota, weight and priority fields are described in gateway/quota/spec.py; the file is
+reloaded while the gateway runs (gateway/quota/store.py).
 
 A request names its key as ``Authorization: Bearer <key>``. ``identify`` hashes the presented key
 and compares it with every stored digest in constant time (``hmac.compare_digest``, no early
@@ -19,19 +28,21 @@ import hashlib
 import hmac
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gateway.errors import Unauthorized
 from gateway.policy.model import SHARED_SCOPE
 from gateway.policy.yamlpos import field_path, parse
+from gateway.quota.spec import SPEC_FIELDS, TenantSpec, parse_spec
 
 PUBLIC = "public"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
-_TENANT_FIELDS = ("api_keys_sha256", "description")
+_TENANT_FIELDS = ("api_keys_sha256", "description", *SPEC_FIELDS)
 _ALLOWED = f"unknown field; allowed: {', '.join(_TENANT_FIELDS)}"
+_TOP_FIELDS = ("tenants", "defaults")
 
 
 def key_digest(key: str) -> str:
@@ -59,11 +70,19 @@ class Tenants:
     """(lowercase SHA-256 hex digest, tenant id) pairs."""
     configured: bool
     """False: no tenants file, every request is tenant ``public``."""
+    specs: Mapping[str, TenantSpec] = field(default_factory=dict)
+    """Quota, weight and priority per tenant id (defaults merged in)."""
+    default: TenantSpec = field(default_factory=TenantSpec)
+    """The file's ``defaults`` (what ``public`` has without a file: no limits, weight 1)."""
 
     @classmethod
     def public(cls) -> Tenants:
         """No tenants file: one tenant, ``public``, no authentication."""
         return cls(keys=(), configured=False)
+
+    def spec(self, tenant: str) -> TenantSpec:
+        """The tenant's quota, weight and priority (the defaults for an id not in the file)."""
+        return self.specs.get(tenant, self.default)
 
     @property
     def names(self) -> frozenset[str]:
@@ -102,10 +121,20 @@ class Tenants:
         if not isinstance(tenants, dict):
             problem([], "expected a mapping with a 'tenants' mapping of tenant id -> keys")
             raise TenantsError("\n".join(problems))
-        for extra in (k for k in data if k != "tenants"):
-            problem([extra], "unknown field; allowed: tenants")
+        for extra in (k for k in data if k not in _TOP_FIELDS):
+            problem([extra], f"unknown field; allowed: {', '.join(_TOP_FIELDS)}")
+        default = TenantSpec()
+        defaults = data.get("defaults", {})
+        if not isinstance(defaults, dict):
+            problem(["defaults"], "expected a mapping of weight, priority, quota")
+        else:
+            for extra in (k for k in defaults if k not in SPEC_FIELDS):
+                problem(["defaults", str(extra)],
+                        f"unknown field; allowed: {', '.join(SPEC_FIELDS)}")
+            default = parse_spec(defaults, ["defaults"], default, problem)
         owner: dict[str, str] = {}
         keys: list[tuple[str, str]] = []
+        specs: dict[str, TenantSpec] = {}
         for tenant, spec in tenants.items():
             where: list[str | int] = ["tenants", str(tenant)]
             if not isinstance(tenant, str) or not _NAME.match(tenant):
@@ -120,6 +149,7 @@ class Tenants:
                 continue
             for extra in (k for k in spec if k not in _TENANT_FIELDS):
                 problem([*where, str(extra)], _ALLOWED)
+            specs[tenant] = parse_spec(spec, where, default, problem)
             for i, digest in enumerate(digests):
                 at = [*where, "api_keys_sha256", i]
                 if not isinstance(digest, str) or not _HEX64.match(digest):
@@ -135,7 +165,7 @@ class Tenants:
                 keys.append((digest, tenant))
         if problems:
             raise TenantsError("\n".join(problems))
-        return cls(keys=tuple(keys), configured=True)
+        return cls(keys=tuple(keys), configured=True, specs=specs, default=default)
 
     def identify(self, authorization: str | None) -> str:
         """The tenant an ``Authorization`` header's key belongs to; ``Unauthorized`` if none."""

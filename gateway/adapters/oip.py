@@ -65,7 +65,8 @@ class OipCall:
     async def fetch(self, upstream: Upstream, ctx: RequestContext, decision: Decision,
                     indexes: Sequence[int]) -> FetchResult:
         raw = await upstream.infer_raw(self.model, orjson.dumps(self.outgoing(decision)),
-                                       request_id=ctx.request_id, deadline=ctx.deadline)
+                                       request_id=ctx.request_id, deadline=ctx.deadline,
+                                       tenant=ctx.tenant, priority=ctx.priority)
         try:
             answer = orjson.loads(raw.body)
         except orjson.JSONDecodeError:

@@ -63,7 +63,8 @@ class TextCall:
         texts = [decision.items[i].text for i in indexes]
         parts = await asyncio.gather(*(
             upstream.infer_texts(self.model, part, request_id=ctx.request_id,
-                                 deadline=ctx.deadline) for part in backend_batches(texts)))
+                                 deadline=ctx.deadline, tenant=ctx.tenant,
+                                 priority=ctx.priority) for part in backend_batches(texts)))
         items: list[Fetched] = []
         for part in parts:
             n = len(part.embeddings)

@@ -1,4 +1,5 @@
-"""Admin API: stats, cache purge (by model, tenant or key), policy reload and the active policy.
+"""Admin API: stats, cache purge (by model, tenant or key), policy reload and the active policy,
+tenants (quotas, weights, usage) and their reload.
 
 Only registered when an admin token is configured (``admin_token``, ``GATEWAY_ADMIN_TOKEN``);
 without one every ``/admin`` path is an unknown route (404). Callers send
@@ -12,6 +13,7 @@ status). Request texts never reach these routes, so none can be logged.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import hmac
@@ -30,6 +32,9 @@ from gateway.keys import CacheKey
 from gateway.middleware import request_id_of
 from gateway.policy.loader import PolicyError
 from gateway.policy.model import SHARED_SCOPE, Policy
+from gateway.quota.spec import TenantSpec
+from gateway.stats import Samples, tenant_usage
+from gateway.tenants import TenantsError
 
 log = logging.getLogger("gateway.admin")
 
@@ -225,3 +230,52 @@ async def reload_policies(request: web.Request, params: Params) -> web.Response:
     version = store.active.version
     params["version"] = version
     return _json({"reloaded": True, "version": version})
+
+
+def _spec(spec: TenantSpec) -> dict[str, Any]:
+    return {"weight": spec.weight, "priority": spec.priority,
+            "quota": dataclasses.asdict(spec.quota)}
+
+
+@admin_route
+async def tenants(request: web.Request, params: Params) -> web.Response:
+    """``GET /admin/tenants``: each tenant's quota, weight and class (never its keys), the
+    defaults, how quotas are enforced now, and usage per tenant label (the busiest
+    ``quotas.top_tenants`` tenants by name, the rest as ``other``)."""
+    app = request.app
+    store, gate = app[state.TENANTS], app[state.QUOTAS]
+    current = store.current
+    shared = gate.shared
+    usage = tenant_usage(Samples(app[state.METRICS].registry))
+    return _json({
+        "file": str(store.path) if store.path is not None else None,
+        "quotas": {"enabled": gate.settings.enabled, "hit_cost": gate.settings.hit_cost,
+                   "shared": shared is not None,
+                   "redis_reachable": None if shared is None else not shared.breaker.is_open},
+        "defaults": _spec(current.default),
+        "tenants": {t: {**_spec(current.spec(t)), "usage_label": (
+            t if t in usage else "other")} for t in sorted(current.names)},
+        "usage": usage,
+    })
+
+
+@admin_route
+async def reload_tenants(request: web.Request, params: Params) -> web.Response:
+    """``POST /admin/tenants/reload``: 200 with the tenant count, or 422 listing each problem
+    (``file:line: field: message``); an invalid file is refused whole, the last good one stays.
+    """
+    store = request.app[state.TENANTS]
+    try:
+        current = await store.reload()
+    except TenantsError as exc:
+        problems = str(exc).splitlines()
+        params["errors"] = len(problems)
+        return _json({"error": {
+            "type": "tenants_invalid",
+            "message": f"tenants file refused ({len(problems)} problem(s)); the last good "
+                       "one stays",
+            "request_id": request_id_of(request),
+            "errors": problems,
+        }}, status=422)
+    params["tenants"] = len(current.names)
+    return _json({"reloaded": store.path is not None, "tenants": len(current.names)})

@@ -1,5 +1,5 @@
-"""What every cached route does around the pipeline: tenant, deadline, cache directives and the
-body first; the pipeline's answer with its headers last."""
+"""What every cached route does around the pipeline: tenant, quota, deadline, cache directives
+and the body first; the pipeline's answer with its headers last; the tenant's accounting."""
 
 from __future__ import annotations
 
@@ -11,11 +11,22 @@ from aiohttp import web
 
 from gateway import state
 from gateway.context import CacheDirectives, RequestContext
-from gateway.errors import ModelNotFound, ValidationFailed
+from gateway.errors import (
+    DeadlineExceeded,
+    ModelNotFound,
+    Overloaded,
+    RateLimited,
+    ValidationFailed,
+)
 from gateway.handlers.parsing import check_json_type, parse_json, read_body
 from gateway.middleware import TENANT, request_id_of
 from gateway.pipeline import Call
 from gateway.policy.targets import HIDDEN_HEADERS
+from gateway.quota.accounting import hot_usage, usage_of
+from gateway.quota.limiter import QuotaState
+
+QUOTA: web.RequestKey[QuotaState] = web.RequestKey("quota", QuotaState)
+"""The request's quota state, when its tenant has limits (for the RateLimit headers)."""
 
 
 def make_context(request: web.Request, route: str, *, tenant: str | None = None,
@@ -60,11 +71,33 @@ def identify(request: web.Request) -> str:
 async def serve(request: web.Request, route: str,
                 parse: Callable[[dict[str, Any]], Call]) -> web.Response:
     """One cached route's request: authenticate (before any work proportional to the body),
-    read the body, answer a hot repeat at once (gateway/hot.py), else parse, run the pipeline
-    and render."""
+    check the tenant's request rate, then answer; the tenant's request counted by outcome."""
     started = time.perf_counter()
-    app = request.app
     tenant = identify(request)
+    outcome = "error"
+    try:
+        response = await _answer(request, route, parse, tenant, started)
+        outcome = "ok"
+        return response
+    except RateLimited:
+        outcome = "rate_limited"
+        raise
+    except (Overloaded, DeadlineExceeded):
+        outcome = "shed"
+        raise
+    finally:
+        request.app[state.OBSERVER].tenant_request(tenant, outcome)
+
+
+async def _answer(request: web.Request, route: str, parse: Callable[[dict[str, Any]], Call],
+                  tenant: str, started: float) -> web.Response:
+    """Read the body, answer a hot repeat at once (gateway/hot.py), else parse, run the pipeline
+    (which charges the tenant's texts once hits are told from misses) and render."""
+    app = request.app
+    quota = app[state.QUOTAS].state(tenant)
+    if quota is not None:
+        request[QUOTA] = quota
+        await quota.admit()
     check_json_type(request)
     body = await read_body(request, app[state.SETTINGS].max_body_bytes)
     hot = app[state.HOT]
@@ -75,21 +108,36 @@ async def serve(request: web.Request, route: str,
         found = hot.get(hot_key) if hot_key is not None else None
         if found is not None:
             answer, age = found
+            if quota is not None:
+                await quota.charge(0, len(answer.entries))
             hot.observe(answer, tenant)
+            app[state.OBSERVER].tenant_usage(tenant, hot_usage(answer.entries))
             total = (time.perf_counter() - started) * 1000.0
             return web.Response(body=answer.body, content_type="application/json", headers={
                 "X-Cache": "HIT", "Server-Timing": f"hot;dur={total:.3f}, total;dur={total:.3f}",
                 "X-Request-Id": request_id_of(request), "X-Cache-Policy": answer.decision.trail,
                 "Age": str(int(age))})
     ctx = make_context(request, route, tenant=tenant, started=started)
+    if quota is not None:
+        ctx.charge = quota.charge
     call = parse(parse_json(body))
     ctx.add_timing("parse", time.perf_counter() - started)
     result = await app[state.PIPELINE].run(ctx, call)
+    app[state.OBSERVER].tenant_usage(tenant, usage_of(result.outcomes,
+                                                      ctx.timings.get("compute", 0.0)))
     rendered = call.render(result)
     if hot_key is not None:
         hot.put(hot_key, call.model, result, rendered)
     return web.Response(body=rendered, content_type="application/json",
                         headers=cache_headers(ctx, result.age_s))
+
+
+async def rate_limit_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: a limited tenant's ``RateLimit-Policy`` and ``RateLimit`` on
+    every answer of its request, errors (429, 503...) included."""
+    quota = request.get(QUOTA)
+    if quota is not None:
+        response.headers.update(quota.headers())
 
 
 def resolver(request: web.Request) -> Callable[[str], str]:

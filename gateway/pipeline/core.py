@@ -98,6 +98,8 @@ class Pipeline:
                 self._answer_from_cache(ctx, call, decision, keys, entries, outcomes)
 
         missing = [k for k, pos in positions.items() if outcomes[pos[0]] is None]
+        if ctx.charge is not None:  # the tenant's quota, now that hits are told from misses
+            await ctx.charge(len(missing), len(items) - sum(len(positions[k]) for k in missing))
         if missing:
             stored = set(storable) if use_cache else set()
             failure = await self._fetch(ctx, call, decision, positions, missing, outcomes, stored)

@@ -2,10 +2,11 @@
 
 The sections that a component takes are defined beside it (``cache``, ``redis``: gateway/cache/
 settings.py; ``routing``: gateway/routing/config.py; ``admission``: gateway/admission.py and its
-``adaptive`` subsection: gateway/adaptive.py); the two that only ``create_app`` reads
-(``policies``, ``logging``) are here. The request limits and tokens stay at the top level with
-the listen address: they are what the HTTP handlers read, and ``GATEWAY_PORT``,
-``GATEWAY_ADMIN_TOKEN`` and ``GATEWAY_METRICS_TOKEN`` keep their names that way.
+``adaptive`` subsection: gateway/adaptive.py; ``quotas``: gateway/quota/settings.py); the two
+that only ``create_app`` reads (``policies``, ``logging``) are here. The request limits and
+tokens stay at the top level with the listen address: they are what the HTTP handlers read, and
+``GATEWAY_PORT``, ``GATEWAY_ADMIN_TOKEN`` and ``GATEWAY_METRICS_TOKEN`` keep their names that
+way.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gateway import validation as check
 from gateway.admission import AdmissionSettings
 from gateway.batch.settings import BatchSettings
 from gateway.cache.settings import CacheSettings, RedisSettings
+from gateway.quota.settings import QuotaSettings
 from gateway.routing.config import BackendSpec, RoutingSettings
 from gateway.validation import SettingsError
 
@@ -113,6 +115,9 @@ class Settings:
     """Locality, health checks, ejection, timeouts, retries, hedging, the connection pool."""
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     """Concurrency limit and queue per locality tier, and the adaptive limit."""
+    quotas: QuotaSettings = field(default_factory=QuotaSettings)
+    """How the tenants file's quotas are enforced (Redis-shared, local fallback), what a cache
+    hit costs, the tenant labels in metrics and the tenants file's reload."""
     policies: PolicySettings = field(default_factory=PolicySettings)
     """The cache policy files."""
     logging: LoggingSettings = field(default_factory=LoggingSettings)

@@ -29,8 +29,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from gateway.admission import Admission, Slot
+from gateway.admission import PUBLIC, Admission, Slot
 from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
+from gateway.fairqueue import INTERACTIVE, Priority
 from gateway.observe import NullObserver, Observer
 from gateway.routing.backends import BackendState
 from gateway.routing.balancer import Outcome, Router
@@ -55,6 +56,7 @@ from gateway.upstream.wire import (
 )
 
 T = TypeVar("T")
+_Who = tuple[str, Priority]  # (tenant, priority class): a call's place in admission's fair queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +125,11 @@ class Upstream:
         return self._router.ready()
 
     async def infer_texts(
-        self, model: str, texts: Sequence[str], *, request_id: str, deadline: float
+        self, model: str, texts: Sequence[str], *, request_id: str, deadline: float,
+        tenant: str = PUBLIC, priority: Priority = INTERACTIVE,
     ) -> InferResult:
-        """Embeddings for ``texts`` (float32 ``[n, dim]``) from the best backend."""
+        """Embeddings for ``texts`` (float32 ``[n, dim]``) from the best backend; ``tenant`` and
+        ``priority`` place the call in admission's fair queue."""
         n = len(texts)
         body = infer_request_body(texts)
         self._observer.upstream_batch(n)
@@ -140,11 +144,12 @@ class Upstream:
 
         return await self._exchange(
             f"/v2/models/{model}/infer", body, request_id=request_id, deadline=deadline,
-            decode=decode,
+            decode=decode, who=(tenant, priority),
         )
 
     async def infer_raw(
-        self, model: str, body: bytes, *, request_id: str, deadline: float
+        self, model: str, body: bytes, *, request_id: str, deadline: float,
+        tenant: str = PUBLIC, priority: Priority = INTERACTIVE,
     ) -> RawResult:
         """OIP passthrough: the backend's 2xx/4xx answer as is; 5xx map to gateway errors."""
 
@@ -154,7 +159,7 @@ class Upstream:
 
         return await self._exchange(
             f"/v2/models/{model}/infer", body, request_id=request_id, deadline=deadline,
-            decode=decode,
+            decode=decode, who=(tenant, priority),
         )
 
     async def get(self, path: str, *, request_id: str) -> RawResult:
@@ -187,15 +192,15 @@ class Upstream:
 
     async def _exchange(
         self, path: str, body: bytes, *, request_id: str, deadline: float,
-        decode: Callable[[_Reply], T],
+        decode: Callable[[_Reply], T], who: _Who = (PUBLIC, INTERACTIVE),
     ) -> T:
         tried: list[BackendState] = []
         last: Retryable | None = None
         for attempt in range(2 if self._settings.retry else 1):
-            admitted = await self._admit(deadline, tried)
+            admitted = await self._admit(deadline, tried, who)
             if admitted is None and last is not None and last.reason == "conn_error":
                 # A lone backend may just have dropped a stale keep-alive connection.
-                admitted = await self._admit(deadline, ())
+                admitted = await self._admit(deadline, (), who)
             if admitted is None:
                 if last is not None:
                     break
@@ -213,7 +218,7 @@ class Upstream:
         raise last.error
 
     async def _admit(
-        self, deadline: float, exclude: Sequence[BackendState]
+        self, deadline: float, exclude: Sequence[BackendState], who: _Who = (PUBLIC, INTERACTIVE)
     ) -> tuple[BackendState, Slot] | None:
         """A backend and a slot in its tier, trying farther tiers while a near one sheds."""
         skipped: set[str] = set()
@@ -228,7 +233,8 @@ class Upstream:
                 return None
             tier = self._router.tier_of(state)
             try:
-                slot = await self._admission.acquire(tier, deadline=deadline, record_shed=False)
+                slot = await self._admission.acquire(tier, deadline=deadline, record_shed=False,
+                                                     tenant=who[0], priority=who[1])
             except Overloaded as exc:
                 refusal = refusal or exc
                 skipped.add(tier)
@@ -258,7 +264,8 @@ class Upstream:
             second = self._router.pick(tried)
             if second is None:
                 return None
-            hedge_slot = self._admission.try_acquire(self._router.tier_of(second))
+            hedge_slot = self._admission.try_acquire(self._router.tier_of(second),
+                                                     tenant=slot.tenant)
             if hedge_slot is None:  # a hedge only ever uses spare capacity
                 return None
             tried.append(second)
