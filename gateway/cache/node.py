@@ -9,10 +9,10 @@ Event loop: a lookup reads the memory map inline. Measured on the reference mach
 1.5 KB embedding entries: about 6 us for one key (read transaction 1.3 us, key and get about
 1 us, checking and decoding the entry 2-3 us) and 60 us for 16; handing the call to a thread
 and back (``run_in_executor``) alone costs 36 us, and a read never waits for a writer. Writes
-(stores, moves out of the previous generation, deletes, purges) go to one writer thread:
-calls queued while it is busy are written together in one transaction, so the fsync of a
-commit never runs on the loop and is shared by a burst of stores. ``flush()`` and ``close()``
-wait for every queued write.
+(stores, moves out of the previous generation, deletes, purges) go to one writer thread, off
+the loop: they wait for the cross-process write lock, and calls queued meanwhile are written
+together in one transaction (commits skip fsync: ``lmdbenv.py`` says why that is safe).
+``flush()`` and ``close()`` wait for every queued write.
 
 Request-path operations never raise: an LMDB error is a miss or a dropped write, counted as a
 ``node`` tier error. A full map (``MapFullError``) rotates the generations and retries.

@@ -18,29 +18,25 @@ deadline (f64, little-endian: the earlier of the entry's ``expires_at`` and the 
 followed by ``Entry.encode()`` bytes, which check themselves.
 
 Nothing here is async or thread-aware: ``node.py`` reads on the event loop and writes on one
-writer thread. A process opens a directory once (LMDB forbids two opens in one process: closing
-one would drop the other's locks), so environments are shared per path with a reference count.
+writer thread. How the environment is opened (once per process, commits without fsync, a
+directory from before a host restart started empty): ``lmdbenv.py``.
 """
 
 from __future__ import annotations
 
-import os
 import struct
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import lmdb
 
+from gateway.cache.lmdbenv import close_env, open_env
 from gateway.keys import CacheKey, scope_tag
 
 LAYOUT_VERSION = b"node-1"
 _DEADLINE = struct.Struct("<d")
 _MAX_KEY = 511  # LMDB's compiled-in key size limit
-#: Readers one directory accepts at once: each process holds about one slot (its loop thread's
-#: reusable read transaction), so this covers far more workers than a host runs.
-MAX_READERS = 1024
 #: Part of the map kept free of entries: copy-on-write pages of the transaction in progress,
 #: the free list, and pages freed by a rotation that a reader still sees.
 RESERVE_FRACTION = 0.125
@@ -96,42 +92,6 @@ class WriteResult:
     bytes: int = 0
 
 
-class _Shared:
-    """One open environment per directory and process, with its users counted."""
-
-    lock = threading.Lock()
-    envs: dict[str, tuple[lmdb.Environment, int]] = {}
-
-
-def _open_env(path: str, map_size: int) -> lmdb.Environment:
-    real = os.path.realpath(path)
-    with _Shared.lock:
-        found = _Shared.envs.get(real)
-        if found is not None:
-            _Shared.envs[real] = (found[0], found[1] + 1)
-            return found[0]
-        os.makedirs(real, mode=0o700, exist_ok=True)
-        # sync + no metasync: one fdatasync per commit (on the writer thread, never the loop);
-        # a machine crash may lose the last commit but never corrupts (LMDB keeps ACI).
-        # readahead off: lookups are random, and a map bigger than RAM must not evict the hot set.
-        env = lmdb.open(real, map_size=map_size, subdir=True, max_dbs=4, max_readers=MAX_READERS,
-                        sync=True, metasync=False, readahead=False, meminit=False, lock=True)
-        _Shared.envs[real] = (env, 1)
-        return env
-
-
-def _close_env(env: lmdb.Environment) -> None:
-    with _Shared.lock:
-        for real, (found, users) in list(_Shared.envs.items()):
-            if found is env:
-                if users > 1:
-                    _Shared.envs[real] = (found, users - 1)
-                    return
-                del _Shared.envs[real]
-                break
-    env.close()
-
-
 class GenerationStore:
     """Two rotating generations in one LMDB environment (see the module docstring)."""
 
@@ -139,7 +99,7 @@ class GenerationStore:
         self.path = path
         self.map_size = max(max_bytes, MIN_MAP_BYTES)
         self.generation_bytes = int(self.map_size * (1.0 - RESERVE_FRACTION) / 2)
-        self.env = _open_env(path, self.map_size)
+        self.env = open_env(path, self.map_size)
         try:
             with self.env.begin(write=True) as txn:
                 self._meta = self.env.open_db(b"meta", txn=txn)
@@ -154,11 +114,11 @@ class GenerationStore:
             self.psize = int(self.env.stat()["psize"])
             self.reader_check()
         except BaseException:
-            _close_env(self.env)
+            close_env(self.env)
             raise
 
     def close(self) -> None:
-        _close_env(self.env)
+        close_env(self.env)
 
     def reader_check(self) -> int:
         """Free the reader slots of processes that died mid-read; returns how many."""

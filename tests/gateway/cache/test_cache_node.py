@@ -11,6 +11,7 @@ from typing import Any
 import lmdb
 import pytest
 
+from gateway.cache import lmdbenv
 from gateway.cache.base import CacheTier
 from gateway.cache.entry import Entry
 from gateway.cache.node import NodeCache
@@ -227,6 +228,34 @@ async def test_entries_survive_close_and_reopen(open_node: Factory) -> None:
     again = open_node()
     got = await again.get_many([k(f"t{i}") for i in range(50)])
     assert got == [entry(bytes([i]) * 100, now) for i in range(50)]
+
+
+async def test_a_directory_from_before_a_host_restart_starts_empty(
+        open_node: Factory, tmp_path: Path) -> None:
+    """Commits skip fsync, so a file written under another boot may be torn: never read it."""
+    now = time.time()
+    first = open_node()
+    await first.set_many([(k("a"), entry(b"A", now))])
+    await first.close()
+    mark = tmp_path / "node" / "boot_id"
+    assert mark.read_text() == lmdbenv.boot_id()
+    again = open_node()
+    assert await again.get_many([k("a")]) == [entry(b"A", now)], "same boot: kept"
+    await again.close()
+    mark.write_text("a-boot-before-a-crash")
+    after = open_node()
+    assert await after.get_many([k("a")]) == [None]
+    assert mark.read_text() == lmdbenv.boot_id()
+    assert after._store.env.flags()["sync"] is False
+
+
+async def test_without_a_boot_id_commits_fsync(open_node: Factory,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lmdbenv, "BOOT_ID", Path("/nonexistent/boot_id"))
+    node = open_node()
+    assert node._store.env.flags()["sync"] is True
+    await node.set_many([(k("a"), entry(b"A", time.time()))])
+    assert (await node.get_many([k("a")]))[0] is not None
 
 
 async def test_close_waits_for_queued_writes(open_node: Factory) -> None:
