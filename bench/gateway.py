@@ -1,7 +1,7 @@
-"""Gateway benchmark (issue 3): cache hits vs nginx and aiohttp, miss overhead, L2 vs L1 hits.
+"""Gateway benchmark (issue 3): cache hits vs nginx and aiohttp, miss overhead, tier hits.
 
 ``python -m bench gateway [--duration S] [--rounds R] [--connections C] [--latency-requests N]
-[--latency-rounds N] [--models DIR] [--quick]``
+[--latency-rounds N] [--trace-requests N] [--models DIR] [--quick] [--only node]``
 
 Everything runs side by side in one run. The servers (gateways, nginx, the hello-world, the
 backends) share the first CPU; the load generator (wrk, or the Python client) and Redis get the
@@ -21,9 +21,13 @@ last one. Every process is started by this bench and stopped by its PID.
 3. L2-only hits vs L1 hits, wrk at ``C`` connections over 256 distinct cached texts: a gateway
    with Redis and ``cache.max_entries=1`` (every lookup misses L1 and hits Redis) vs one with Redis
    and the normal L1. /metrics confirms which tier answered.
+4. The node tier (``bench.gateway_node``; ``--only node`` runs just this part): node-tier hits vs
+   L1 hits over 256 texts as in 3, without Redis; and the hit ratio of a replayed trace of
+   repeats with 2 workers vs 1.
 
 Targets (reported, never a failure): L1 hits >= 0.6x the aiohttp floor (the same pre-encoded
-answer and headers, ``bench.floor``); added miss p50 <= 0.3 ms; L2 hits >= 0.6x L1 hits.
+answer and headers, ``bench.floor``); added miss p50 <= 0.3 ms; L2 hits >= 0.6x L1 hits;
+node-tier hits >= 0.8x L1 hits; the trace's hit ratio with 2 workers equal to 1 worker's.
 Exit code 1 when a server would not start or a run had errors; 2 when wrk or
 nginx is missing.
 """
@@ -44,7 +48,7 @@ from pathlib import Path
 
 import orjson
 
-from bench import gateway_latency, gateway_throughput, nginx, services, wrk
+from bench import gateway_latency, gateway_node, gateway_throughput, nginx, services, wrk
 from bench.gateway_latency import MissLatency
 from bench.gateway_probe import Probe, cache_lookups, capture
 from bench.gateway_throughput import Row
@@ -79,6 +83,8 @@ class Plan:
     latency_requests: int  # per path per round
     latency_rounds: int
     cores: Cores
+    trace_requests: int = 2000
+    only: str = "all"
 
 
 def parse(argv: Sequence[str]) -> Plan:
@@ -92,10 +98,14 @@ def parse(argv: Sequence[str]) -> Plan:
     parser.add_argument("--latency-requests", type=int, default=400,
                         help="miss-latency requests per path per round (400)")
     parser.add_argument("--latency-rounds", type=int, default=8)
+    parser.add_argument("--trace-requests", type=int, default=2000,
+                        help="requests in the node tier's replayed trace (2000)")
+    parser.add_argument("--only", choices=("all", "node"), default="all",
+                        help="run every part, or only the node tier's (4)")
     parser.add_argument("--quick", action="store_true", help="small counts (smoke test)")
     args = parser.parse_args(argv)
     if min(args.duration, args.rounds, args.connections, args.latency_requests,
-           args.latency_rounds) <= 0:
+           args.latency_rounds, args.trace_requests) <= 0:
         parser.error("every count and duration must be > 0")
     return Plan(
         models=args.models,
@@ -106,6 +116,8 @@ def parse(argv: Sequence[str]) -> Plan:
         latency_requests=min(args.latency_requests, 100) if args.quick else args.latency_requests,
         latency_rounds=2 if args.quick else args.latency_rounds,
         cores=split_cores(),
+        trace_requests=min(args.trace_requests, 600) if args.quick else args.trace_requests,
+        only=args.only,
     )
 
 
@@ -140,6 +152,8 @@ def main(argv: list[str]) -> int:
         print(f"bench gateway: {', '.join(missing)} not installed (Debian: apt-get install -y "
               "wrk nginx)", file=sys.stderr)
         return 2
+    if plan.only == "node":
+        return _node_only(plan)
     server, client = plan.cores.server, plan.cores.client
     hits = [Row("gateway, L1 hit"), Row("nginx proxy_cache hit"), Row("aiohttp hello-world"),
             Row("aiohttp floor: the same answer and headers, pre-encoded")]
@@ -147,6 +161,7 @@ def main(argv: list[str]) -> int:
              Row("gateway, L2 hit (Redis on, cache.max_entries=1)")]
     probes: dict[str, Probe] = {}
     latency = MissLatency()
+    node = gateway_node.NodeBench()
     stack = contextlib.ExitStack()
     try:
         with stack:
@@ -183,6 +198,9 @@ def main(argv: list[str]) -> int:
             for row, name in ((tiers[0], "l1"), (tiers[1], "l2")):
                 delta = {k: v - before[name].get(k, 0.0) for k, v in after[name].items()}
                 row.note = ", ".join(f"{k} {v:.0f}" for k, v in sorted(delta.items()) if v)
+            gateway_node.measure(node, backend.url, cores=server, stack=stack,
+                                 throughput=lambda targets: throughput(plan, targets),
+                                 trace_requests=plan.trace_requests)
 
             fake = stack.enter_context(services.slow_backend(cores=server, slots=64,
                                                              service_ms=0))
@@ -193,17 +211,40 @@ def main(argv: list[str]) -> int:
                 requests=plan.latency_requests, cores=client)
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         print(f"bench gateway: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print(report(plan, hits, tiers, latency, probes))
+        print(report(plan, hits, tiers, latency, probes, node))
         return 1
-    print(report(plan, hits, tiers, latency, probes), flush=True)
-    failed = latency.errors or any(r.errors for r in hits + tiers)
-    return 1 if failed or not all(p.ok for p in probes.values()) else 0
+    print(report(plan, hits, tiers, latency, probes, node), flush=True)
+    failed = latency.errors or any(r.errors for r in hits + tiers + node.rows)
+    return 1 if failed or not all(p.ok for p in {**probes, **node.probes}.values()) else 0
 
 
-def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
-           probes: dict[str, Probe]) -> str:
-    """The Markdown report: method, throughput and latency tables, targets, notes."""
-    lines = [
+def _node_only(plan: Plan) -> int:
+    """``--only node``: the backend and part 4 alone."""
+    node = gateway_node.NodeBench()
+    try:
+        with contextlib.ExitStack() as stack:
+            backend = stack.enter_context(services.backend(plan.models, cores=plan.cores.server))
+            gateway_node.measure(node, backend.url, cores=plan.cores.server, stack=stack,
+                                 throughput=lambda targets: throughput(plan, targets),
+                                 trace_requests=plan.trace_requests)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        print(f"bench gateway: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print("\n".join(_node_report(plan, node)))
+        return 1
+    print("\n".join(_node_report(plan, node)), flush=True)
+    failed = any(r.errors for r in node.rows) or not all(p.ok for p in node.probes.values())
+    return 1 if failed else 0
+
+
+def _node_report(plan: Plan, node: gateway_node.NodeBench) -> list[str]:
+    return [*_method(plan), *gateway_throughput.HEADER, *(r.markdown() for r in node.rows), "",
+            "| target | measured | goal | met |", "| --- | ---: | ---: | :---: |",
+            *node.targets(), *node.notes(),
+            *(f"- Check {name}: {probe.describe()}" for name, probe in node.probes.items())]
+
+
+def _method(plan: Plan) -> list[str]:
+    return [
         f"Machine: {_cpu_name()}, {os.cpu_count()} logical CPUs; Python "
         f"{platform.python_version()}. Pinning: {plan.cores.describe()}. The backends share the "
         "server CPU (idle but for health checks during the throughput runs; at 1 connection "
@@ -215,8 +256,16 @@ def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
         "CPU columns: cores used by the server (nginx: master + worker), by wrk, and by every "
         "other process on the machine (a shared machine's noise; 0 when it was quiet).",
         "",
+    ]
+
+
+def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
+           probes: dict[str, Probe], node: gateway_node.NodeBench) -> str:
+    """The Markdown report: method, throughput and latency tables, targets, notes."""
+    lines = [
+        *_method(plan),
         *gateway_throughput.HEADER,
-        *(r.markdown() for r in hits + tiers),
+        *(r.markdown() for r in hits + tiers + node.rows),
         "",
     ]
     if latency.paths and any(p.latency for p in latency.paths.values()):
@@ -251,6 +300,7 @@ def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
         _info("added p50, ms, with a 0 ms fake backend",
               latency.p50(PATH_GW_FAKE) - latency.p50(PATH_FAKE)),
         _target("L2-hit req/s / L1-hit req/s", _ratio(l2, l1), TARGET_L2, True),
+        *node.targets(),
         "",
     ]
     if PATH_GW in paths:
@@ -260,7 +310,8 @@ def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
     for row in tiers:
         if row.note:
             lines.append(f"- {row.name}: cache lookups during the timed runs: {row.note}")
-    for name, probe in probes.items():
+    lines += node.notes()
+    for name, probe in {**probes, **node.probes}.items():
         lines.append(f"- Check {name}: {probe.describe()}")
     return "\n".join(lines)
 

@@ -108,24 +108,34 @@ def floor(answer_file: Path, *, cores: frozenset[int] | None) -> Server:
 
 def gateway(backend_url: str, *, cores: frozenset[int] | None, redis_url: str | None = None,
             settings: Mapping[str, object] | None = None,
-            name: str = "gateway") -> Server:
-    """``python -m gateway serve --workers 1`` in front of ``backend_url``; ``settings`` (nested
-    sections or dotted names -> values, as gateway/settings loads them) go in a YAML config file
-    (``--config``) in the server's work dir."""
+            name: str = "gateway", workers: int = 1) -> Server:
+    """``python -m gateway serve --workers N`` (1) in front of ``backend_url``; ``settings``
+    (nested sections or dotted names -> values, as gateway/settings loads them) go in a YAML
+    config file (``--config``) in the server's work dir. Its node cache starts empty in that
+    work dir too (never the user's), unless ``settings`` name another ``cache.node.path``."""
     port = free_port()
     argv = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--backend", backend_url, "--workers", "1"]
+            "--backend", backend_url, "--workers", str(workers)]
     if redis_url is not None:
         argv += ["--redis", redis_url]
-    workdir = None
-    if settings:
-        # A config file, not GATEWAY_* variables: YAML keeps the values' types.
-        workdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
-        config = Path(workdir) / "gateway.yaml"
-        config.write_text(yaml.safe_dump(dict(settings)), encoding="utf-8")
-        argv += ["--config", str(config)]
+    workdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
+    # A config file, not GATEWAY_* variables: YAML keeps the values' types.
+    values = dict(settings or {})
+    if not _names_node_path(values):
+        values["cache.node.path"] = str(Path(workdir) / "node")
+    config = Path(workdir) / "gateway.yaml"
+    config.write_text(yaml.safe_dump(values), encoding="utf-8")
+    argv += ["--config", str(config)]
     return _started(Service(name, argv, cores=cores, env=clean_env()), port, "/readyz", 60.0,
                     workdir)
+
+
+def _names_node_path(settings: Mapping[str, object]) -> bool:
+    cache = settings.get("cache")
+    node = cache.get("node") if isinstance(cache, Mapping) else None
+    return (any(k in settings for k in ("cache.node.path", "cache.node"))
+            or (isinstance(cache, Mapping) and "node.path" in cache)
+            or (isinstance(node, Mapping) and "path" in node))
 
 
 def redis(*, cores: frozenset[int] | None) -> Server:
