@@ -48,7 +48,8 @@ async def test_a_flooding_tenant_does_not_shed_a_quiet_one(
             "Authorization": f"Bearer {key}", "Content-Type": "application/json",
             "Cache-Control": "no-store"})
         await r.read()
-        return r.status
+        status: int = r.status
+        return status
 
     a_statuses: Counter[int] = Counter()
     stop = asyncio.Event()
