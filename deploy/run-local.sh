@@ -72,12 +72,11 @@ PYEOF
 }
 
 start backend "$PY" -m backend serve --models models --host 127.0.0.1 --port "$BACKEND_PORT"
-# One worker: each gateway worker process keeps its own in-process cache today, so with several
-# the Quick start's second identical call would often land on another worker and miss. A cache
-# shared by the workers of a node is planned (the hit-path issue); until it lands, make run uses
-# one worker. GATEWAY_ARGS comes after, so `GATEWAY_ARGS="--workers 2"` still overrides it.
+# The default workers (one per core): they share the node cache (cache.node.path, by default
+# ~/.cache/edge-gateway/node), so the Quick start's second call is a HIT whichever worker answers.
+# GATEWAY_ARGS comes last, so `GATEWAY_ARGS="--workers 1"` still overrides it.
 # shellcheck disable=SC2086  # GATEWAY_ARGS is a list of flags: split it on purpose
-start gateway "$PY" -m gateway serve --host 127.0.0.1 --port "$GATEWAY_PORT" --workers 1 \
+start gateway "$PY" -m gateway serve --host 127.0.0.1 --port "$GATEWAY_PORT" \
   --backend "$backend_url" ${GATEWAY_ARGS:-}
 echo "make run (pid $$; Ctrl-C or \`kill $$\` stops everything): starting backend" \
   "(pid ${pids[0]}) on $backend_url and gateway (pid ${pids[1]}) on $gateway_url;" \
