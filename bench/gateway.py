@@ -1,7 +1,7 @@
 """Gateway benchmark (issue 3): cache hits vs nginx and aiohttp, miss overhead, tier hits.
 
 ``python -m bench gateway [--duration S] [--rounds R] [--connections C] [--latency-requests N]
-[--latency-rounds N] [--trace-requests N] [--models DIR] [--quick] [--only node]``
+[--latency-rounds N] [--trace-requests N] [--models DIR] [--quick] [--only node] [--no-litellm]``
 
 Everything runs side by side in one run. The servers (gateways, nginx, the hello-world, the
 backends) share the first CPU; the load generator (wrk, or the Python client) and Redis get the
@@ -12,7 +12,11 @@ last one. Every process is started by this bench and stopped by its PID.
    cached answer (nginx proxies the gateway and caches POSTs by URI + body) vs a bare aiohttp
    hello-world vs the floor (aiohttp + uvloop answering the gateway's own hit, body and
    headers, pre-encoded); CPU per hit is the server's CPU over its requests. Rounds are
-   interleaved (gateway, nginx, hello, floor, gateway, ...); the median counts.
+   interleaved (gateway, nginx, hello, floor, gateway, ...); the median counts. A peer a user
+   might pick instead runs in the same rounds: the LiteLLM proxy in front of the same backend,
+   answering the same embedding from its own response cache (``bench.litellm``: its own venv
+   under the bench's cache dir; ``--no-litellm`` leaves it out, and a row that cannot be
+   installed or started is skipped with the reason).
 2. Miss-path added latency at 1 connection, Python closed loop, every request timed: the same
    OIP request the gateway sends, straight to the backend, vs ``/v1/embeddings`` through the
    gateway with ``Cache-Control: no-store`` (no read, no write: each request goes upstream);
@@ -48,7 +52,7 @@ from pathlib import Path
 
 import orjson
 
-from bench import gateway_latency, gateway_node, gateway_throughput, nginx, services, wrk
+from bench import gateway_latency, gateway_node, gateway_throughput, litellm, nginx, services, wrk
 from bench.gateway_latency import MissLatency
 from bench.gateway_probe import Probe, cache_lookups, capture
 from bench.gateway_throughput import Row
@@ -85,6 +89,7 @@ class Plan:
     cores: Cores
     trace_requests: int = 2000
     only: str = "all"
+    litellm: bool = True  # the LiteLLM proxy's row
 
 
 def parse(argv: Sequence[str]) -> Plan:
@@ -102,6 +107,8 @@ def parse(argv: Sequence[str]) -> Plan:
                         help="requests in the node tier's replayed trace (2000)")
     parser.add_argument("--only", choices=("all", "node"), default="all",
                         help="run every part, or only the node tier's (4)")
+    parser.add_argument("--no-litellm", dest="litellm", action="store_false",
+                        help="leave out the LiteLLM proxy's row (it installs into its own venv)")
     parser.add_argument("--quick", action="store_true", help="small counts (smoke test)")
     args = parser.parse_args(argv)
     if min(args.duration, args.rounds, args.connections, args.latency_requests,
@@ -118,6 +125,7 @@ def parse(argv: Sequence[str]) -> Plan:
         cores=split_cores(),
         trace_requests=min(args.trace_requests, 600) if args.quick else args.trace_requests,
         only=args.only,
+        litellm=args.litellm,
     )
 
 
@@ -162,6 +170,7 @@ def main(argv: list[str]) -> int:
     probes: dict[str, Probe] = {}
     latency = MissLatency()
     node = gateway_node.NodeBench()
+    peer = litellm.Peer(reason="" if plan.litellm else "left out (--no-litellm)")
     stack = contextlib.ExitStack()
     try:
         with stack:
@@ -183,10 +192,18 @@ def main(argv: list[str]) -> int:
             answer = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "hit.json"
             capture(gw.url, HIT_BODY, answer)
             bare = stack.enter_context(services.floor(answer, cores=server))
+            lite = (stack.enter_context(litellm.serving(peer, backend.url, HIT_BODY,
+                                                        cores=server))
+                    if plan.litellm else None)
             path = "/v1/embeddings"
+            calls = litellm.backend_requests(backend.url)
             throughput(plan, [(hits[0], gw, [HIT_BODY], path), (hits[1], ngx, [HIT_BODY], path),
                               (hits[2], hello, [HIT_BODY], path),
-                              (hits[3], bare, [HIT_BODY], path)])
+                              (hits[3], bare, [HIT_BODY], path),
+                              *([(peer.row, lite, [HIT_BODY], path)] if lite else [])])
+            if lite is not None:
+                peer.backend_calls = litellm.backend_requests(backend.url) - calls
+                lite.stop()  # idle from here on; its memory back for the other parts
 
             bodies = [orjson.dumps({"input": f"cache tier bench text number {i}",
                                     "model": MODEL}) for i in range(L2_TEXTS)]
@@ -211,9 +228,9 @@ def main(argv: list[str]) -> int:
                 requests=plan.latency_requests, cores=client)
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         print(f"bench gateway: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print(report(plan, hits, tiers, latency, probes, node))
+        print(report(plan, hits, tiers, latency, probes, node, peer))
         return 1
-    print(report(plan, hits, tiers, latency, probes, node), flush=True)
+    print(report(plan, hits, tiers, latency, probes, node, peer), flush=True)
     failed = latency.errors or any(r.errors for r in hits + tiers + node.rows)
     return 1 if failed or not all(p.ok for p in {**probes, **node.probes}.values()) else 0
 
@@ -260,12 +277,15 @@ def _method(plan: Plan) -> list[str]:
 
 
 def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
-           probes: dict[str, Probe], node: gateway_node.NodeBench) -> str:
+           probes: dict[str, Probe], node: gateway_node.NodeBench,
+           peer: litellm.Peer | None = None) -> str:
     """The Markdown report: method, throughput and latency tables, targets, notes."""
     lines = [
         *_method(plan),
         *gateway_throughput.HEADER,
-        *(r.markdown() for r in hits + tiers + node.rows),
+        *(r.markdown() for r in hits),
+        *([peer.markdown()] if peer else []),
+        *(r.markdown() for r in tiers + node.rows),
         "",
     ]
     if latency.paths and any(p.latency for p in latency.paths.values()):
@@ -291,6 +311,7 @@ def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
               _ratio(_cpu_per_request(hits[3]), _cpu_per_request(hits[0]))),
         _info("gateway hit req/s / nginx proxy_cache", _ratio(gw, ngx)),
         _info("gateway hit req/s / aiohttp hello-world", _ratio(gw, hello)),
+        *([peer.target(gw)] if peer else []),
         _target("added p50 on a miss, ms (gateway vs backend OIP direct)", added,
                 TARGET_MISS_MS, False),
         _info("added p50, ms, outside the backend's queue+compute",
@@ -311,6 +332,7 @@ def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
         if row.note:
             lines.append(f"- {row.name}: cache lookups during the timed runs: {row.note}")
     lines += node.notes()
+    lines += peer.notes() if peer else []
     for name, probe in {**probes, **node.probes}.items():
         lines.append(f"- Check {name}: {probe.describe()}")
     return "\n".join(lines)
