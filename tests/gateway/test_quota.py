@@ -18,6 +18,7 @@ from gateway.quota.settings import QuotaSettings
 from gateway.quota.spec import Quota, TenantSpec
 from gateway.quota.store import TenantStore
 from gateway.tenants import Tenants, TenantsError, key_digest
+from tests.conftest import REPO
 
 TEN_PER_S = Limit("requests", "rate", 10.0, 5)
 
@@ -177,6 +178,17 @@ def test_bad_quota_fields_name_file_line_and_field(tmp_path: Path, body: str,
     with pytest.raises(TenantsError) as info:
         Tenants.load(path)
     assert f"{path}{message}" in str(info.value)
+
+
+def test_the_readme_tenants_example_loads(tmp_path: Path) -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    start = readme.index("```yaml\ndefaults:") + len("```yaml\n")
+    text = readme[start:readme.index("```", start)]
+    text = text.replace(text[text.index('["<') + 1:text.index('>"]') + 2], f'"{"a" * 64}"')
+    tenants = Tenants.load(write(tmp_path, text))
+    assert tenants.spec("acme").quota == Quota(requests_per_s=20, texts_per_s=500,
+                                               texts_burst=1000)
+    assert tenants.spec("acme").weight == 2
 
 
 def test_bad_defaults_are_refused(tmp_path: Path) -> None:

@@ -12,9 +12,13 @@ from typing import Any
 
 import orjson
 
+from gateway import openapi
 from gateway.tenants import key_digest
 from tests.conftest import RedisServer
 from tests.gateway.conftest import GatewayFactory, metric_value
+from tests.openapi_support import errors_of, load
+
+DOC = load(openapi.DOCUMENT)
 
 ADMIN = "quota-admin-token"
 ACME, BETA = "acme-quota-key-0001", "beta-quota-key-0001"
@@ -59,6 +63,7 @@ async def test_limits_answer_429_with_headers_and_cache_hits_are_exempt(
     assert over.status == 429
     body = await over.json()
     assert body["error"]["type"] == "rate_limited" and body["error"]["request_id"]
+    assert errors_of(DOC, "/components/schemas/Error", body) == []
     assert "texts per second" in body["error"]["message"]
     assert 100 <= int(over.headers["Retry-After"]) <= 101  # one text refills in 100 s
     assert over.headers["RateLimit"].startswith('"requests";r=1;t=300, "texts";r=3;')
@@ -92,6 +97,7 @@ async def test_limits_answer_429_with_headers_and_cache_hits_are_exempt(
                              "redis_reachable": True}
     assert doc["usage"]["acme"]["requests"] == {"ok": 3.0, "rate_limited": 2.0}
     assert key_digest(ACME) not in (await admin.text())
+    assert errors_of(DOC, "/components/schemas/TenantsResponse", doc) == []
     stats = await (await client.get("/admin/stats",
                                     headers={"Authorization": f"Bearer {ADMIN}"})).json()
     assert stats["tenant_usage"]["acme"]["texts"] == {"backend": 3.0, "cache": 2.0}

@@ -30,7 +30,7 @@ from tests.gateway.conftest import gateway_env
 
 PATHS = {s.path for s in settings_fields()}
 SECTIONS = ("cache", "cache.node", "redis", "routing", "admission", "admission.adaptive",
-            "policies", "logging", "batch")
+            "quotas", "policies", "logging", "batch")
 
 
 def value_at(settings: Settings, path: str) -> Any:
@@ -193,6 +193,8 @@ def sample(setting: Setting) -> tuple[object, object, str]:
                      "http://b1:8001@eu/eu-1a"),
         "models": (("minilm", "other"), ["minilm", "other"], "minilm,other"),
         "model_aliases": ({"ada": "minilm"}, {"ada": "minilm"}, "ada=minilm"),
+        "quotas.hit_cost": (0.5, 0.5, "0.5"),  # the default 0 doubled is still 0
+        "quotas.local_fraction": (0.5, 0.5, "0.5"),  # at most 1
         "redis.url": ("redis://cache.example:6380/2",) * 2 + ("redis://cache.example:6380/2",),
         "batch.redis_url": ("redis://batch.example:6379/1",) * 3,
         "logging.level": ("DEBUG", "DEBUG", "debug"),
