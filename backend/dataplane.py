@@ -73,6 +73,7 @@ class ServedModel:
             observer=metrics.observer(config.name),
             name=config.name,
         )
+        self.queue_seconds = metrics.queue_seconds.labels(config.name)
 
 
 class DataPlane:
@@ -154,7 +155,7 @@ class DataPlane:
         except InferenceFailed as exc:
             log.error("inference failed", extra={"fields": {"model": name, "error": str(exc)}})
             raise BackendError("inference failed") from None
-        self.metrics.queue_seconds.labels(name).observe(outcome.queue_s)
+        served.queue_seconds.observe(outcome.queue_s)
         results = outcome.results
         return EmbedResult(
             embeddings=np.stack([row for row, _ in results]),

@@ -34,6 +34,7 @@ log = logging.getLogger("backend.errors")
 
 def request_context(*, metrics: BackendMetrics, log_requests: bool = True) -> Middleware:
     """Echoes (or assigns) ``X-Request-Id``, counts inference requests, logs one line each."""
+    counted: dict[tuple[str, int], Any] = {}  # labels() costs a lock and a dict walk: once
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -46,7 +47,11 @@ def request_context(*, metrics: BackendMetrics, log_requests: bool = True) -> Mi
         headers["Server"] = SERVER_NAME
         model = request.get(MODEL_LABEL)
         if model is not None:
-            metrics.requests.labels(model, str(response.status), "rest").inc()
+            counter = counted.get((model, response.status))
+            if counter is None:
+                counter = metrics.requests.labels(model, str(response.status), "rest")
+                counted[(model, response.status)] = counter
+            counter.inc()
         if log_requests:
             fields: dict[str, Any] = {
                 "request_id": rid, "method": request.method, "path": request.path,

@@ -18,9 +18,10 @@ from tokenizers import Tokenizer
 
 IdArray = npt.NDArray[np.int64]
 
-# Characters per WordPiece token in English prose (MiniLM's vocabulary): ~4.3 measured on the
-# benchmark texts. Only the order of estimates matters much (the batcher sorts by them).
-_CHARS_PER_TOKEN = 4
+# Characters per WordPiece token in English prose (MiniLM's vocabulary): ~5.3 on a paragraph of
+# the latency benchmark, ~3-4 on short sentences once [CLS] and [SEP] count. Only the order of
+# estimates matters much: the batcher sorts by them.
+_CHARS_PER_TOKEN = 5
 
 # [CLS] + [SEP]: anything shorter cannot hold a single text.
 _MIN_LENGTH = 2

@@ -147,7 +147,7 @@ def load_model(plan: Plan) -> EmbeddingModel:
     model.warm_up((8, 16), BATCH_SIZES)
     for batch in BATCH_SIZES:
         for _ in range(5):
-            model.compute(model.tokenize(batch_of(batch, 0)))
+            model.embed(batch_of(batch, 0))
     return model
 
 
@@ -169,7 +169,7 @@ def measure_raw(model: EmbeddingModel, plan: Plan, rounds: int,
                 texts = batch_of(batch, offset)
                 offset += batch
                 t0 = time.perf_counter()
-                model.compute(model.tokenize(texts))
+                model.embed(texts)
                 calls.append((time.perf_counter() - t0) * 1000)
             elapsed = time.perf_counter() - started
             count, cpu = len(calls) * batch, time.process_time() - cpu
@@ -203,7 +203,8 @@ def main(argv: list[str]) -> int:
 
 def plan_args(plan: Plan) -> list[str]:
     """``serve`` flags that make the server's session match the raw one."""
-    args = ["--models", str(plan.models), "--threads", str(plan.threads), "--device", plan.device]
+    args = ["--models", str(plan.models), "--threads", str(plan.threads), "--device", plan.device,
+            "--grpc-port", "0"]  # REST is what this measures
     return args + (["--variant", plan.variant] if plan.variant else [])
 
 
@@ -280,8 +281,8 @@ class ServedRun:
     result: LoadResult | None = None
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # /metrics deltas over the run
-    loop_cpu_s: float = math.nan  # the server's main thread: HTTP, JSON, tokenizing
-    worker_cpu_s: float = math.nan  # its other threads: padding and ONNX Runtime
+    loop_cpu_s: float = math.nan  # the server's main thread: HTTP, JSON, batching
+    worker_cpu_s: float = math.nan  # its other threads: tokenizing, padding, ONNX Runtime
     client_cpu_s: float = math.nan
     model_cores: int = 1
     client_cores: int = 1
@@ -313,8 +314,8 @@ class ServedRun:
             f"- ONNX Runtime busy {compute / wall:.0%} of the wall time. Server CPU "
             f"{(self.loop_cpu_s + self.worker_cpu_s) / wall:.2f} of {self.model_cores} "
             f"core(s); load generator {self.client_cpu_s / wall:.2f} of {self.client_cores}.",
-            f"- Server CPU per request: event loop (HTTP, JSON, tokenizing) "
-            f"{self.loop_cpu_s / n * 1e6:.0f} us, worker threads (pad + ONNX Runtime) "
+            f"- Server CPU per request: event loop (HTTP, JSON, batching) "
+            f"{self.loop_cpu_s / n * 1e6:.0f} us, worker threads (tokenize, pad, ONNX Runtime) "
             f"{self.worker_cpu_s / n * 1e6:.0f} us.",
         ]
 

@@ -44,6 +44,7 @@ class InferenceService:
                  ) -> None:
         self._plane = plane
         self._requests = metrics.requests
+        self._counted: dict[tuple[str, int], Any] = {}  # labels() once per model and status
         self._log_requests = log_requests
         self._default_timeout_s = plane.settings.default_timeout_ms / 1000.0
 
@@ -117,7 +118,11 @@ class InferenceService:
                 "request_id": rid, "method": "ModelInfer"}})
             await _abort(context, BackendError("internal error"), rid)
         finally:
-            self._requests.labels(model, str(status), "grpc").inc()
+            counter = self._counted.get((model, status))
+            if counter is None:
+                counter = self._requests.labels(model, str(status), "grpc")
+                self._counted[(model, status)] = counter
+            counter.inc()
             if self._log_requests:
                 access_log.info("request", extra={"fields": {
                     "request_id": rid, "protocol": "grpc", "method": "ModelInfer",

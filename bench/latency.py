@@ -1,0 +1,468 @@
+"""Miss latency against the plainest possible stack: floors and our servers, in one run.
+
+``python -m bench latency [--rounds R] [--requests N] [--concurrency 1,32] [--threads T]
+[--access-log on|off] [--backend-src DIR] [--quick]``
+
+Every path answers the same OIP infer request for one text (a short sentence, and a ~200-token
+paragraph) with the same session: the model as ``load_models`` loads it for ``serve`` (same
+options, same intra-op threads), on CPU. Paths:
+
+- floor (a): a bare aiohttp + uvloop server written for this bench (``python -m bench.latency
+  floor``): reads the JSON body, hands the text to one worker thread that tokenizes, pads and
+  runs it at batch 1 (``EmbeddingModel.embed``, as the backend's worker does), answers JSON.
+- backend REST: ``python -m backend serve``, the same JSON request to ``/v2/.../infer``.
+- backend gRPC: the same server's ``inference.GRPCInferenceService/ModelInfer`` from a
+  ``grpc.aio`` client, the text in ``raw_input_contents`` (as tritonclient sends it).
+- (gateway half, to come: floor (b), a bare aiohttp proxy with one pooled ClientSession in
+  front of (a); the gateway on a miss with a REST and with a gRPC upstream. ``PATHS`` below is
+  where they go; the report already has their rows.)
+
+Method: servers on the first usable CPU, the client on the last (``bench.procs.split_cores``,
+as the other benches pin); rounds interleaved: each round runs every (concurrency, text, path)
+cell, paths in a rotating order, so drift on a shared machine hits every path alike.
+Closed loop: ``c`` clients, each sending its next request when the last is answered. Each
+answer's own timing (``Server-Timing`` / ``server-timing`` trailing metadata: queue + compute)
+is kept beside the client's latency, so the report can also give the time *outside* the model,
+which does not move with compute jitter.
+
+``--backend-src DIR`` runs the backend from another checkout (``git archive <commit> backend |
+tar -x -C DIR``), for before/after tables in one run; without ``--grpc-port`` there, the gRPC
+rows are left empty.
+
+Target (issue 16): backend REST p50 <= floor (a) p50 + 0.3 ms, at 1 connection, both texts.
+Exit code 1 when a request failed or a server would not start; a missed target is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import grpc.aio
+import orjson
+from aiohttp import web
+
+from bench import loadgen
+from bench.procs import Cores, Service, free_port, pinned, split_cores
+
+MODEL = "minilm"
+SHORT = "How do I reset my password?"
+LONG = (  # ~200 tokens of ordinary prose ([CLS] and [SEP] included; the report says how many)
+    "Our quarterly report shows that revenue grew by twelve percent compared with the same "
+    "period last year, driven mostly by strong demand in the European market and by the new "
+    "subscription plans that we introduced in the spring. Operating costs rose more slowly "
+    "than revenue, because the migration of our data centres to a single cloud provider was "
+    "finished ahead of schedule and the savings from it started to show in the second month "
+    "of the quarter. Customer support answered more requests than ever before, yet the "
+    "average time to a first reply fell from nine hours to just under four, thanks to the "
+    "new routing rules and the help articles that now answer the most common questions about "
+    "billing, passwords and delivery times. For the next quarter we expect slower growth, as "
+    "the summer months are usually quiet, and we plan to hire eight engineers for the "
+    "platform team. The board has approved the budget for a second office in Lisbon, which "
+    "should open in the autumn and will host the support and the sales teams for southern "
+    "Europe."
+)
+TEXTS = {"short": SHORT, "~200 tokens": LONG}
+TARGET_MS = 0.3
+SERVICE = "/inference.GRPCInferenceService/ModelInfer"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run does, from the command line."""
+
+    models: Path
+    rounds: int
+    requests: int  # per cell and round at 1 connection; x concurrency/2 at more (min 2 each)
+    concurrency: tuple[int, ...]
+    threads: int
+    access_log: bool
+    cores: Cores
+    backend_src: Path | None  # another checkout's backend (REST only), for before/after
+
+
+def parse(argv: Sequence[str]) -> Plan:
+    """The run's plan from ``argv``; see the module doc."""
+    parser = argparse.ArgumentParser(prog="python -m bench latency",
+                                     description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--models", type=Path, default=Path("models"))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=120,
+                        help="requests per cell and round at 1 connection (120)")
+    parser.add_argument("--concurrency", default="1,32", help="connections, comma-separated")
+    parser.add_argument("--threads", type=int, help="ORT threads (default: server-side cores)")
+    parser.add_argument("--access-log", choices=["on", "off"], default="on",
+                        help="the backend's access log (on: as deployed)")
+    parser.add_argument("--backend-src", type=Path,
+                        help="run the backend from this folder (another checkout; REST only)")
+    parser.add_argument("--quick", action="store_true", help="small counts (smoke test)")
+    args = parser.parse_args(argv)
+    concurrency = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
+    if args.rounds < 1 or args.requests < 1 or not concurrency or min(concurrency) < 1:
+        parser.error("--rounds, --requests and every --concurrency must be >= 1")
+    cores = split_cores()
+    return Plan(
+        models=args.models,
+        rounds=2 if args.quick else args.rounds,
+        requests=min(args.requests, 20) if args.quick else args.requests,
+        concurrency=concurrency,
+        threads=args.threads or len(cores.server),
+        access_log=args.access_log == "on",
+        cores=cores,
+        backend_src=args.backend_src.resolve() if args.backend_src else None,
+    )
+
+
+# --- the floor server ----------------------------------------------------------------------
+
+
+def floor_main(argv: Sequence[str]) -> int:
+    """``python -m bench.latency floor --port P --models M --threads T``: floor (a)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.latency floor")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--models", type=Path, default=Path("models"))
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    import uvloop
+
+    from backend.model import load_models
+    from backend.settings import ServeSettings
+
+    settings = ServeSettings.from_env(models_dir=args.models, threads=args.threads,
+                                      device="cpu")
+    model = next(m for m in load_models(settings) if m.name == MODEL)
+    model.warm_up((8, 64, 256), (1,))
+    worker = ThreadPoolExecutor(1)
+
+    async def infer(request: web.Request) -> web.Response:
+        text = orjson.loads(await request.read())["inputs"][0]["data"][0]
+        started = time.perf_counter()
+        ((row, _),) = await asyncio.get_running_loop().run_in_executor(
+            worker, model.embed, [text])
+        compute_ms = (time.perf_counter() - started) * 1000
+        body = orjson.dumps({"model_name": MODEL, "outputs": [
+            {"name": "embedding", "datatype": "FP32", "shape": [1, len(row)], "data": row}]},
+            option=orjson.OPT_SERIALIZE_NUMPY)
+        return web.Response(body=body, content_type="application/json",
+                            headers={"Server-Timing": f"compute;dur={compute_ms:.3f}"})
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(text="ready")
+
+    app = web.Application()
+    app.router.add_post(f"/v2/models/{MODEL}/infer", infer)
+    app.router.add_get("/v2/health/ready", ready)
+    web.run_app(app, host="127.0.0.1", port=args.port, loop=uvloop.new_event_loop(),
+                print=None, access_log=None)
+    return 0
+
+
+# --- the client ----------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One path x text x concurrency: every sample over every round."""
+
+    latency_ms: list[float] = field(default_factory=list)
+    server_ms: list[float] = field(default_factory=list)  # the answer's own queue + compute
+    wall_s: float = 0.0
+    errors: int = 0
+    loop_cpu_s: float = 0.0  # the server's main thread (event loop) over the cell's runs
+    other_cpu_s: float = 0.0  # its other threads (inference worker, ORT, grpcio)
+
+    def p(self, q: float) -> float:
+        return loadgen.percentile(self.latency_ms, q)
+
+    @property
+    def outside_p50(self) -> float:
+        """Median of (latency - the server's own queue + compute), per request."""
+        values = [t - s for t, s in zip(self.latency_ms, self.server_ms, strict=True)]
+        return statistics.median(values) if values else math.nan
+
+    @property
+    def rate(self) -> float:
+        return len(self.latency_ms) / self.wall_s if self.wall_s > 0 else math.nan
+
+    def cpu_us(self, seconds: float) -> float:
+        """CPU microseconds per answered request."""
+        return seconds / len(self.latency_ms) * 1e6 if self.latency_ms else math.nan
+
+
+def thread_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds ``pid`` has run (``schedstat``, nanoseconds: not skewed by others taking
+    the CPU away): its main thread, and every other thread together."""
+    main = others = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            seconds = int((task / "schedstat").read_text().split()[0]) / 1e9
+            if task.name == str(pid):
+                main += seconds
+            else:
+                others += seconds
+    return main, others
+
+
+# One request: returns (latency ms, server-reported ms); raises on failure.
+Send = Callable[[str], Awaitable[tuple[float, float]]]
+
+
+@dataclass(frozen=True)
+class PathSpec:
+    """A path under test: its row label, how to build its sender, whose CPU it spends."""
+
+    name: str
+    sender: Callable[[Endpoints, int], contextlib.AbstractAsyncContextManager[Send]]
+    server: str  # "floor" or "backend": the process whose CPU each request costs
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    floor_url: str
+    backend_url: str
+    backend_grpc: str
+    pids: dict[str, int]
+
+
+def server_ms(timing: str) -> float:
+    """Sum of the ``dur`` values of a Server-Timing value."""
+    total = 0.0
+    for part in timing.split(","):
+        _, _, dur = part.partition("dur=")
+        with contextlib.suppress(ValueError):
+            total += float(dur)
+    return total
+
+
+def rest_body(text: str) -> bytes:
+    return orjson.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                     "data": [text]}]})
+
+
+@contextlib.asynccontextmanager
+async def _rest(url: str, pool: int) -> Any:
+    bodies = {text: rest_body(text) for text in TEXTS.values()}
+    headers = {"Content-Type": "application/json"}
+    async with loadgen.client_session(pool=pool) as http:
+        async def send(text: str) -> tuple[float, float]:
+            started = time.perf_counter()
+            async with http.post(url, data=bodies[text], headers=headers) as response:
+                await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"status {response.status}")
+                elapsed = (time.perf_counter() - started) * 1000
+                return elapsed, server_ms(response.headers.get("Server-Timing", ""))
+
+        yield send
+
+
+@contextlib.asynccontextmanager
+async def _grpc(address: str, pool: int) -> Any:
+    from backend.rpc import inference_pb2 as pb
+
+    requests = {}
+    for text in TEXTS.values():
+        message = pb.ModelInferRequest(model_name=MODEL)
+        message.inputs.add(name="text", datatype="BYTES", shape=[1])
+        raw = text.encode()
+        message.raw_input_contents.append(len(raw).to_bytes(4, "little") + raw)
+        requests[text] = message.SerializeToString()
+    async with grpc.aio.insecure_channel(address) as channel:
+        call: Any = channel.unary_unary(SERVICE, request_serializer=None,
+                                   response_deserializer=pb.ModelInferResponse.FromString)
+
+        async def send(text: str) -> tuple[float, float]:
+            started = time.perf_counter()
+            rpc = call(requests[text], timeout=60)
+            await rpc
+            elapsed = (time.perf_counter() - started) * 1000
+            trailing = dict(await rpc.trailing_metadata() or ())
+            return elapsed, server_ms(str(trailing.get("server-timing", "")))
+
+        yield send
+
+
+PATHS: tuple[PathSpec, ...] = (
+    PathSpec("floor (a): bare aiohttp + uvloop, batch 1, one worker thread",
+             lambda e, pool: _rest(f"{e.floor_url}/v2/models/{MODEL}/infer", pool), "floor"),
+    PathSpec("backend direct, REST", lambda e, pool: _rest(
+        f"{e.backend_url}/v2/models/{MODEL}/infer", pool), "backend"),
+    PathSpec("backend direct, gRPC", lambda e, pool: _grpc(e.backend_grpc, pool), "backend"),
+    # Gateway half (to be added): floor (b) bare aiohttp proxy -> (a); gateway miss -> backend
+    # over REST; gateway miss -> backend over gRPC. Same PathSpec shape: a sender per path.
+)
+PENDING_ROWS = (
+    "floor (b): bare aiohttp proxy (one pooled ClientSession) -> (a)",
+    "gateway miss -> backend, REST upstream",
+    "gateway miss -> backend, gRPC upstream",
+)
+
+
+async def run_cell(send: Send, text: str, requests: int, concurrency: int, cell: Cell) -> None:
+    """``requests`` requests from ``concurrency`` closed-loop clients, into ``cell``."""
+    remaining = requests
+
+    async def client() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            try:
+                latency, own = await send(text)
+            except (aiohttp.ClientError, grpc.RpcError, RuntimeError, TimeoutError):
+                cell.errors += 1
+                continue
+            cell.latency_ms.append(latency)
+            cell.server_ms.append(own)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    cell.wall_s += time.perf_counter() - started
+
+
+def cell_requests(plan: Plan, concurrency: int, text: str) -> int:
+    """Requests per cell and round: long texts take ~4x the compute, so fewer of them."""
+    base = plan.requests if text == SHORT else max(10, plan.requests // 3)
+    return base if concurrency == 1 else max(2 * concurrency, base * concurrency // 4)
+
+
+def paths_of(plan: Plan) -> tuple[PathSpec, ...]:
+    """The paths this run measures (an older backend has no gRPC)."""
+    return tuple(p for p in PATHS if not (plan.backend_src and "gRPC" in p.name))
+
+
+async def measure(plan: Plan, endpoints: Endpoints) -> dict[tuple[str, str, int], Cell]:
+    """Every round, every cell, paths in rotating order."""
+    cells: dict[tuple[str, str, int], Cell] = {}
+    pool = max(plan.concurrency)
+    paths = paths_of(plan)
+    async with contextlib.AsyncExitStack() as stack:
+        senders = [await stack.enter_async_context(path.sender(endpoints, pool))
+                   for path in paths]
+        for send in senders:  # warm-up: connections, caches, every text
+            for text in TEXTS.values():
+                await run_cell(send, text, 20, 4, Cell())
+        for round_no in range(plan.rounds):
+            for concurrency in plan.concurrency:
+                for label, text in TEXTS.items():
+                    order = list(range(len(paths)))
+                    shift = round_no % len(order)
+                    for index in order[shift:] + order[:shift]:
+                        path = paths[index]
+                        cell = cells.setdefault((path.name, label, concurrency), Cell())
+                        pid = endpoints.pids[path.server]
+                        main0, other0 = thread_cpu_s(pid)
+                        await run_cell(senders[index], text,
+                                       cell_requests(plan, concurrency, text), concurrency,
+                                       cell)
+                        main1, other1 = thread_cpu_s(pid)
+                        cell.loop_cpu_s += main1 - main0
+                        cell.other_cpu_s += other1 - other0
+    return cells
+
+
+# --- the run and its report ----------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    """Runs the benchmark and prints its Markdown report; see the module doc."""
+    if argv[:1] == ["floor"]:
+        return floor_main(argv[1:])
+    plan = parse(argv)
+    server_cores = plan.cores.server if plan.cores.pinned else None
+    floor_port, port, grpc_port = free_port(), free_port(), free_port()
+    threads = str(plan.threads)
+    floor = Service("floor-a", [sys.executable, "-m", "bench.latency", "floor", "--port",
+                                str(floor_port), "--models", str(plan.models), "--threads",
+                                threads], cores=server_cores)
+    env = {**os.environ, "BACKEND_ACCESS_LOG": "true" if plan.access_log else "false"}
+    grpc_args = [] if plan.backend_src else ["--grpc-port", str(grpc_port)]
+    backend = Service("backend", [
+        sys.executable, "-m", "backend", "serve", "--models", str(plan.models.resolve()),
+        "--host", "127.0.0.1", "--port", str(port), *grpc_args, "--threads", threads,
+        "--device", "cpu"], cores=server_cores, env=env,
+        cwd=str(plan.backend_src) if plan.backend_src else None)
+    try:
+        with floor, backend:
+            endpoints = Endpoints(f"http://127.0.0.1:{floor_port}", f"http://127.0.0.1:{port}",
+                                  f"127.0.0.1:{grpc_port}",
+                                  {"floor": floor.pid, "backend": backend.pid})
+            floor.wait_http(endpoints.floor_url + "/v2/health/ready", timeout_s=180)
+            backend.wait_http(endpoints.backend_url + "/v2/health/ready", timeout_s=180)
+            client = pinned(plan.cores.client) if plan.cores.pinned else contextlib.nullcontext()
+            with client:
+                import uvloop
+
+                cells = uvloop.run(measure(plan, endpoints))
+    except (RuntimeError, OSError) as exc:
+        print(f"bench latency: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(report(plan, cells), flush=True)
+    return 1 if any(cell.errors for cell in cells.values()) else 0
+
+
+def report(plan: Plan, cells: dict[tuple[str, str, int], Cell]) -> str:
+    """The Markdown report: method, one table per concurrency, the targets."""
+    tokens = _token_counts(plan)
+    lines = [
+        f"Method: {plan.cores.describe()}; model {MODEL} fp32 on CPU, {plan.threads} ONNX "
+        f"Runtime intra-op thread(s) in every server; texts: short ({tokens[SHORT]} tokens), "
+        f"~200 tokens ({tokens[LONG]} tokens); {plan.rounds} interleaved rounds; backend "
+        f"access log {'on' if plan.access_log else 'off'}"
+        f"{f', backend from {plan.backend_src}' if plan.backend_src else ''}. Latency: client "
+        "send to last byte. Outside: per request, latency minus the server's own reported "
+        "queue + compute. Server CPU per request (from each thread's schedstat, so not skewed "
+        "by other processes taking the CPU away): the event-loop thread, and the other threads "
+        "(inference worker, ONNX Runtime, grpcio).",
+    ]
+    for concurrency in plan.concurrency:
+        lines += ["", f"**{concurrency} connection{'s' if concurrency > 1 else ''}**", "",
+                  "| path | text | p50 ms | p99 ms | outside p50 ms | req/s | loop CPU us/req "
+                  "| other CPU us/req | errors |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for path in paths_of(plan):
+            for label in TEXTS:
+                cell = cells.get((path.name, label, concurrency), Cell())
+                lines.append(f"| {path.name} | {label} | {cell.p(50):.2f} | {cell.p(99):.2f} "
+                             f"| {cell.outside_p50:.2f} | {cell.rate:.0f} "
+                             f"| {cell.cpu_us(cell.loop_cpu_s):.0f} "
+                             f"| {cell.cpu_us(cell.other_cpu_s):.0f} | {cell.errors} |")
+        for pending in PENDING_ROWS:
+            lines.append(f"| {pending} | | (gateway half: not yet) | | | | | | |")
+    lines += ["", "| target | text | backend REST p50 - floor (a) p50 | met |",
+              "| --- | --- | ---: | :---: |"]
+    floor_name, rest_name = PATHS[0].name, PATHS[1].name
+    for label in TEXTS:
+        floor = cells.get((floor_name, label, 1), Cell()).p(50)
+        rest = cells.get((rest_name, label, 1), Cell()).p(50)
+        gap = rest - floor
+        lines.append(f"| backend direct p50 <= floor (a) p50 + {TARGET_MS} ms, 1 connection | "
+                     f"{label} | {gap:+.2f} ms | {'yes' if gap <= TARGET_MS else 'NO'} |")
+    return "\n".join(lines)
+
+
+def _token_counts(plan: Plan) -> dict[str, int]:
+    from backend.repository import load_repository
+    from backend.tokenizer import TextTokenizer
+
+    config = next(c for c in load_repository(plan.models) if c.name == MODEL)
+    tokenizer = TextTokenizer.from_file(config.tokenizer_path, max_length=config.max_seq_length)
+    return {text: len(ids) for text, ids in zip(TEXTS.values(),
+                                                tokenizer.tokenize(list(TEXTS.values())),
+                                                strict=True)}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
