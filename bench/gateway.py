@@ -311,7 +311,7 @@ def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
               _ratio(_cpu_per_request(hits[3]), _cpu_per_request(hits[0]))),
         _info("gateway hit req/s / nginx proxy_cache", _ratio(gw, ngx)),
         _info("gateway hit req/s / aiohttp hello-world", _ratio(gw, hello)),
-        *([peer.target(gw)] if peer else []),
+        *(peer.targets(hits[0]) if peer else []),
         _target("added p50 on a miss, ms (gateway vs backend OIP direct)", added,
                 TARGET_MISS_MS, False),
         _info("added p50, ms, outside the backend's queue+compute",
@@ -331,8 +331,8 @@ def report(plan: Plan, hits: list[Row], tiers: list[Row], latency: MissLatency,
     for row in tiers:
         if row.note:
             lines.append(f"- {row.name}: cache lookups during the timed runs: {row.note}")
-    lines += node.notes()
     lines += peer.notes() if peer else []
+    lines += node.notes()
     for name, probe in {**probes, **node.probes}.items():
         lines.append(f"- Check {name}: {probe.describe()}")
     return "\n".join(lines)

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,13 +96,18 @@ class Peer:
                     "| - |")
         return self.row.markdown()
 
-    def target(self, gateway_rps: float) -> str:
-        """The targets table's info line: gateway L1-hit req/s over LiteLLM's cached req/s."""
-        name = "gateway L1-hit req/s / LiteLLM proxy cached req/s (info)"
+    def targets(self, gateway: Row) -> list[str]:
+        """The targets table's info lines: the gateway's L1-hit req/s over LiteLLM's cached
+        req/s, and LiteLLM's server CPU per hit over the gateway's (less swayed by a shared
+        machine's load than req/s)."""
+        names = ("gateway L1-hit req/s / LiteLLM proxy cached req/s (info)",
+                 "LiteLLM's CPU per cached hit / gateway's CPU per L1 hit (info)")
         if self.skipped:
-            return f"| {name} | skipped | - | - |"
-        ratio = gateway_rps / self.row.rps if self.row.rps > 0 else float("nan")
-        return f"| {name} | {ratio:.3f} | - | - |"
+            return [f"| {name} | skipped | - | - |" for name in names]
+        values = (_ratio(gateway.rps, self.row.rps),
+                  _ratio(cpu_per_request(self.row), cpu_per_request(gateway)))
+        return [f"| {name} | {value:.3f} | - | - |" for name, value in zip(names, values,
+                                                                          strict=True)]
 
     def notes(self) -> list[str]:
         """The report's lines about the peer (what ran, how its cache was confirmed)."""
@@ -114,6 +120,18 @@ class Peer:
             lines.append(f"- Backend requests during the timed hit runs (a LiteLLM cache miss "
                          f"would show here): {self.backend_calls:.0f}")
         return lines
+
+
+def cpu_per_request(row: Row) -> float:
+    """Server CPU seconds per answered request in the median run (nan before any run)."""
+    m = row.median
+    if m is None or not row.cpu or m.rps <= 0:
+        return float("nan")
+    return statistics.median(row.cpu) / m.rps
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 and not math.isnan(b) else float("nan")
 
 
 def cache_root() -> Path:

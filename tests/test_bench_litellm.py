@@ -56,7 +56,7 @@ def test_a_venv_that_cannot_be_made_skips_the_row(tmp_path: Path) -> None:
     assert not venv.exists()  # a failed attempt leaves nothing half-made
     assert peer.markdown().startswith(f"| {litellm.ROW}: skipped (could not create a venv")
     assert peer.markdown().count("|") == 10  # as many cells as the table's header
-    assert "| skipped |" in peer.target(1000.0)
+    assert all("| skipped |" in line for line in peer.targets(Row("gateway")))
     assert peer.notes() == [f"- {litellm.ROW}: skipped: {peer.reason}"]
 
 
@@ -137,6 +137,7 @@ def _report(peer: litellm.Peer | None) -> str:
     plan = gateway.parse(["--quick"])
     hits = [Row("gateway, L1 hit"), Row("nginx"), Row("hello"), Row("floor")]
     hits[0].runs.append(_run(2000.0))
+    hits[0].cpu.append(0.5)
     tiers = [Row("l1"), Row("l2")]
     return gateway.report(plan, hits, tiers, MissLatency(), {}, gateway_node.NodeBench(), peer)
 
@@ -150,6 +151,7 @@ def test_report_renders_with_the_row_skipped() -> None:
     assert row.count("|") == 10
     assert lines[lines.index(row) - 1].startswith("| floor |")  # right under the hit rows
     assert "| gateway L1-hit req/s / LiteLLM proxy cached req/s (info) | skipped |" in text
+    assert "| LiteLLM's CPU per cached hit / gateway's CPU per L1 hit (info) | skipped |" in text
     assert f"- {litellm.ROW}: skipped: pip install" in text
     assert "LiteLLM" not in _report(None)  # callers that do not pass it are unchanged
 
@@ -161,6 +163,8 @@ def test_report_shows_the_measured_row_and_ratio() -> None:
     text = _report(peer)
     assert f"| {litellm.ROW} | 500 |" in text
     assert "| gateway L1-hit req/s / LiteLLM proxy cached req/s (info) | 4.000 |" in text
+    # 1 core / 500 req/s vs 0.5 core / 2000 req/s
+    assert "| LiteLLM's CPU per cached hit / gateway's CPU per L1 hit (info) | 8.000 |" in text
     assert "litellm 1.100.5 (own venv)" in text
     assert "during the timed hit runs (a LiteLLM cache miss would show here): 0" in text
 
