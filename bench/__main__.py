@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-ORDER = ("policy", "cache", "backend", "gateway", "overload")
+ORDER = ("policy", "cache", "backend", "gateway", "overload", "tenants")
 BY_NAME = ("fuzz", "soak")  # long runs, never part of "all"
 
 
