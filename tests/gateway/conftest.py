@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -48,9 +49,16 @@ def start_backend(models_dir: Path, *, zone: str = "local", region: str = "local
     cmd = [sys.executable, "-m", "backend", "serve", "--models", str(models_dir),
            "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
            "--zone", zone, "--region", region, *extra]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(proc, f"{url}/v2/health/ready", timeout_s=120, what="backend")
+    # Its log goes to a file, not a pipe: a pipe nobody reads fills up with access lines after a
+    # few hundred requests and then blocks the backend (and its shutdown) on its next log line.
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(proc, f"{url}/v2/health/ready", timeout_s=120, what="backend")
+        except RuntimeError as exc:
+            log.seek(0)
+            raise RuntimeError(f"{exc}{log.read().decode(errors='replace')[-2000:]}") from None
     return BackendProc(url, port, proc)
 
 
