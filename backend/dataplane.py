@@ -157,8 +157,10 @@ class DataPlane:
             raise BackendError("inference failed") from None
         served.queue_seconds.observe(outcome.queue_s)
         results = outcome.results
+        # One text (the common miss): a view of its row, no copy.
+        rows = results[0][0][np.newaxis] if len(results) == 1 else np.stack([r for r, _ in results])
         return EmbedResult(
-            embeddings=np.stack([row for row, _ in results]),
+            embeddings=rows,
             token_counts=[tokens for _, tokens in results],
             queue_s=outcome.queue_s,
             compute_s=outcome.compute_s,

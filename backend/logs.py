@@ -46,3 +46,7 @@ def configure_logging(level: str = "INFO", stream: TextIO | None = None) -> None
         root.removeHandler(existing)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # The lines never carry thread or process names: skip collecting them for every record.
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False

@@ -11,6 +11,7 @@ exceptions are converted here too, so the process keeps serving whatever a reque
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -53,20 +54,27 @@ def request_context(*, metrics: BackendMetrics, log_requests: bool = True) -> Mi
                 counted[(model, response.status)] = counter
             counter.inc()
         if log_requests:
-            fields: dict[str, Any] = {
-                "request_id": rid, "method": request.method, "path": request.path,
-                "status": response.status,
-                "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-            }
-            if model is not None:
-                fields["model"] = model
             # Probes and scrapes arrive every few seconds; keep them out of the INFO stream.
             quiet = request.path.startswith(_QUIET) or request.method == "GET"
             level = logging.DEBUG if quiet else logging.INFO
-            access_log.log(level, "request", extra={"fields": fields})
+            if access_log.isEnabledFor(level):
+                fields: dict[str, Any] = {
+                    "request_id": rid, "method": request.method, "path": request.path,
+                    "status": response.status,
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+                }
+                if model is not None:
+                    fields["model"] = model
+                # Written after the response: aiohttp sends it in this same step.
+                asyncio.get_running_loop().call_soon(write_access_line, level, fields)
         return response
 
     return middleware
+
+
+def write_access_line(level: int, fields: dict[str, Any]) -> None:
+    """One access-log line (both protocols); called after the answer has been handed over."""
+    access_log.log(level, "request", extra={"fields": fields})
 
 
 @web.middleware

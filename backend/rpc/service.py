@@ -27,13 +27,13 @@ from backend.dataplane import DataPlane, ServedModel
 from backend.envelope import MAX_TIMEOUT_MS, request_id, server_timing
 from backend.errors import BackendError
 from backend.metrics import BackendMetrics
+from backend.middleware import access_log, write_access_line
 from backend.rpc import inference_pb2 as pb
 from backend.rpc import tensors
 
 Context = grpc.aio.ServicerContext[Any, Any]
 REQUEST_ID_KEY = "x-request-id"
 
-access_log = logging.getLogger("backend.access")
 log = logging.getLogger("backend.rpc")
 
 
@@ -123,11 +123,12 @@ class InferenceService:
                 counter = self._requests.labels(model, str(status), "grpc")
                 self._counted[(model, status)] = counter
             counter.inc()
-            if self._log_requests:
-                access_log.info("request", extra={"fields": {
+            if self._log_requests and access_log.isEnabledFor(logging.INFO):
+                # Written after the answer: grpcio sends it once this coroutine returns.
+                asyncio.get_running_loop().call_soon(write_access_line, logging.INFO, {
                     "request_id": rid, "protocol": "grpc", "method": "ModelInfer",
                     "model": model, "status": status, "grpc_status": code,
-                    "duration_ms": round((time.monotonic() - started) * 1000, 3)}})
+                    "duration_ms": round((time.monotonic() - started) * 1000, 3)})
 
     async def _lookup(self, name: str, version: str, context: Context) -> ServedModel:
         try:

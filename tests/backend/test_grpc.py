@@ -29,7 +29,7 @@ from tests.backend.serving import metric
 pytestmark = pytest.mark.model
 
 LONG = "the quick brown fox jumps over the lazy dog " * 40  # past 256 tokens
-MAX_BATCH, MAX_QUEUE = 8, 16
+MAX_BATCH, MAX_QUEUE = 8, 64
 
 
 @dataclass
@@ -171,10 +171,11 @@ def test_a_deadline_that_passes_in_the_queue_is_deadline_exceeded_and_never_comp
     rows_before = backend.metric("backend_batch_size_sum")
     expired_before = backend.metric("backend_requests_total", protocol="grpc", status="504")
     with busy_worker(backend):
-        # Queued behind the large request's next batch (8 x 256 tokens: 300 ms with two
-        # threads on an idle 2-core machine, longer on a busy one): its 200 ms run out first.
+        # Queued behind the large request's 7 other batches (8 x 256 tokens each: 300 ms
+        # with two threads on an idle 2-core machine, longer on a busy one): its second runs
+        # out first, and is long enough for a busy machine to deliver the call at all.
         with pytest.raises(InferenceServerException) as info:
-            client.infer("minilm", [texts_input(["late"])], client_timeout=0.2)
+            client.infer("minilm", [texts_input(["late"])], client_timeout=1.0)
         assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
     assert backend.metric("backend_requests_total", protocol="grpc", status="504") == \
         expired_before + 1
@@ -184,9 +185,10 @@ def test_a_deadline_that_passes_in_the_queue_is_deadline_exceeded_and_never_comp
 def test_a_full_queue_is_resource_exhausted_with_retry_after(backend: Backend) -> None:
     import grpc
 
+    # The large request's texts fill the queue but for one batch (computing): these overflow.
     request = ours.ModelInferRequest(model_name="minilm")
-    request.inputs.add(name="text", datatype="BYTES", shape=[MAX_QUEUE])
-    request.inputs[0].contents.bytes_contents.extend([b"x"] * MAX_QUEUE)
+    request.inputs.add(name="text", datatype="BYTES", shape=[MAX_BATCH + 1])
+    request.inputs[0].contents.bytes_contents.extend([b"x"] * (MAX_BATCH + 1))
     with busy_worker(backend), grpc.insecure_channel(backend.grpc) as channel:
         call = channel.unary_unary(
             "/inference.GRPCInferenceService/ModelInfer",
