@@ -1,6 +1,7 @@
 """Run benchmarks by name: ``python -m bench all|backend|gateway|cache|policy|overload``.
 
-``fuzz`` (the OpenAPI-driven fuzzer, 10,000 cases per service) and ``soak`` (10 minutes of mixed
+``fuzz`` (the OpenAPI-driven fuzzer, 10,000 cases per service), ``batch`` (a 10,000-line batch job
+beside interactive load, a few minutes) and ``soak`` (10 minutes of mixed
 traffic under faults) run only by name: they are long and not part of ``all``.
 
 Each benchmark is a module ``bench.<name>`` with a ``main(argv) -> int``. Results are printed as
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 ORDER = ("policy", "cache", "backend", "gateway", "overload", "tenants")
-BY_NAME = ("fuzz", "soak")  # long runs, never part of "all"
+BY_NAME = ("fuzz", "soak", "batch")  # long runs, never part of "all"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

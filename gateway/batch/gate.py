@@ -7,44 +7,80 @@ router would send it to (the nearest one with a backend available):
   is full: batch work would take the next slot from it), and
 - the calls in flight there are under ``batch.share`` of the tier's concurrency limit (so a
   burst of interactive calls finds free slots at once), and
-- this process has fewer than ``batch.concurrency`` lines in flight.
+- this process has fewer than ``batch.concurrency`` lines in flight (a semaphore: the lines
+  beyond it wait without polling), and
+- this process's event loop keeps time (``LoopLag``: a 5 ms ticker's overshoot, averaged, under
+  10 ms): a gateway whose own CPU is saturated answers interactive calls late whatever the
+  backends have free, so batch lines yield the CPU too.
 
-Otherwise the line waits and asks again, backing off from 5 ms to 250 ms while it is refused:
-a batch slows down under interactive load, it never competes with it. Batch calls still go
+Otherwise the line waits and asks again, every 1 ms at first, backing off to 20 ms while it is
+refused (short, so a slot interactive calls leave free is used soon): a batch slows down under
+interactive load, it never competes with it. Batch calls still go
 through admission like any other call (the gate adds to it, it does not bypass it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from types import TracebackType
 
 from gateway.admission import Admission
 from gateway.observe import Observer
 from gateway.routing.balancer import Router
 
-_FIRST_WAIT_S = 0.005
-_LONGEST_WAIT_S = 0.25
+_FIRST_WAIT_S = 0.001
+_LONGEST_WAIT_S = 0.02
+_TICK_S = 0.005
+_LAG_LIMIT_S = 0.010
+_LAG_ALPHA = 0.2
+
+
+class LoopLag:
+    """How late this process's event loop runs a 5 ms timer, as an EWMA (seconds): near zero
+    while the loop has CPU to spare, growing as soon as work queues behind it."""
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._tick())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _tick(self) -> None:
+        while True:
+            start = time.perf_counter()
+            await asyncio.sleep(_TICK_S)
+            late = max(0.0, time.perf_counter() - start - _TICK_S)
+            self.value += _LAG_ALPHA * (late - self.value)
 
 
 class Gate:
     """Lets batch lines through while the interactive path leaves room (module docstring)."""
 
     def __init__(self, admission: Admission, router: Router, *, share: float, concurrency: int,
-                 observer: Observer) -> None:
+                 observer: Observer, lag: LoopLag | None = None) -> None:
         self._admission = admission
         self._router = router
         self._share = share
-        self._concurrency = concurrency
         self._observer = observer
+        self._own = asyncio.Semaphore(concurrency)
+        self._lag = lag
         self.inflight = 0
         """Lines of this process between ``enter`` and ``leave``."""
 
     def refusal(self) -> str | None:
-        """Why a line may not go now (``no_backend``, ``queued``, ``busy``, ``own_limit``), or
-        None when it may."""
-        if self.inflight >= self._concurrency:
-            return "own_limit"
+        """Why a line may not go now (``loop_busy``, ``no_backend``, ``queued``, ``busy``), or
+        None when it may (this process's own limit aside)."""
+        if self._lag is not None and self._lag.value > _LAG_LIMIT_S:
+            return "loop_busy"
         state = self._router.pick()
         if state is None:
             return "no_backend"
@@ -58,15 +94,21 @@ class Gate:
 
     async def enter(self) -> None:
         """Wait until a line may go, then count it in flight (``leave`` when done)."""
-        wait = _FIRST_WAIT_S
-        while (reason := self.refusal()) is not None:
-            self._observer.batch_deferred(reason)
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, _LONGEST_WAIT_S)
+        await self._own.acquire()
+        try:
+            wait = _FIRST_WAIT_S
+            while (reason := self.refusal()) is not None:
+                self._observer.batch_deferred(reason)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, _LONGEST_WAIT_S)
+        except BaseException:
+            self._own.release()
+            raise
         self.inflight += 1
 
     def leave(self) -> None:
         self.inflight -= 1
+        self._own.release()
 
     async def __aenter__(self) -> Gate:
         await self.enter()

@@ -26,7 +26,7 @@ from gateway.batch.blobs import Blobs, DirBlobs, RedisBlobs
 from gateway.batch.errors import BatchUnavailable
 from gateway.batch.files import FileStore
 from gateway.batch.finalize import Finalizer
-from gateway.batch.gate import Gate
+from gateway.batch.gate import Gate, LoopLag
 from gateway.batch.inputs import InputFiles
 from gateway.batch.jobs import JobStore
 from gateway.batch.keys import Keys
@@ -93,10 +93,11 @@ async def _lifetime(app: web.Application, url: str) -> AsyncIterator[None]:
     router = app[state.ROUTER]
     runner = LineRunner(app[state.PIPELINE], settings, model_width=router.model_width,
                         fragments=app[state.FRAGMENTS])
+    lag = LoopLag()
     gate = Gate(app[state.ADMISSION], router, share=batch.share, concurrency=batch.concurrency,
-                observer=observer)
+                observer=observer, lag=lag)
     inputs = InputFiles(blobs)
-    worker = Worker(client, keys, jobs=jobs, runner=runner, gate=gate,
+    worker = Worker(client, keys, jobs=jobs, runner=runner, gate=gate, lag=lag,
                     finalizer=Finalizer(jobs, files, inputs, observer), inputs=inputs,
                     blobs=blobs, settings=batch, observer=observer,
                     consumer=f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}")

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from gateway.batch.blobs import Blobs
 from gateway.batch.finalize import Finalizer
-from gateway.batch.gate import Gate
+from gateway.batch.gate import Gate, LoopLag
 from gateway.batch.inputs import InputFiles
 from gateway.batch.jobs import Job, JobStore
 from gateway.batch.jsonl import error_line
@@ -40,13 +40,14 @@ log = logging.getLogger("gateway.batch")
 _BLOCK_MS = 1000
 _SAMPLE_S = 2.0
 _SWEEP_S = 600.0
+_FORGET_AFTER_MS = 86_400_000
 
 
 class Worker:
     """Runs queue entries (chunks of lines, finalizations) until stopped."""
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, *, jobs: JobStore, runner: LineRunner,
-                 gate: Gate, finalizer: Finalizer, inputs: InputFiles, blobs: Blobs,
+                 gate: Gate, lag: LoopLag, finalizer: Finalizer, inputs: InputFiles, blobs: Blobs,
                  settings: BatchSettings, observer: Observer, consumer: str,
                  clock: Callable[[], float] = time.time) -> None:
         # redis-py types every reply as a union of all; here they are bytes (no decoding).
@@ -55,6 +56,7 @@ class Worker:
         self._jobs = jobs
         self._runner = runner
         self._gate = gate
+        self._lag = lag
         self._finalizer = finalizer
         self._inputs = inputs
         self._blobs = blobs
@@ -68,6 +70,7 @@ class Worker:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        self._lag.start()
         self._task = asyncio.get_running_loop().create_task(self._main())
 
     async def stop(self) -> None:
@@ -78,6 +81,7 @@ class Worker:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self._lag.stop()
 
     async def _main(self) -> None:
         pause = 0.1
@@ -93,6 +97,7 @@ class Worker:
                     if now >= next_sweep:
                         next_sweep = now + _SWEEP_S
                         await self._blobs.sweep(self._settings.retention_s)
+                        await self._forget_consumers()
                     free = self._max_entries - len(self._running)
                     if free <= 0:
                         await asyncio.wait(list(self._running.values()), timeout=1.0,
@@ -126,6 +131,16 @@ class Worker:
         reply = await self._redis.xreadgroup(GROUP, self.consumer, {self._keys.queue: ">"},
                                              count=count, block=_BLOCK_MS)
         return [e for _stream, entries in reply or [] for e in entries]
+
+    async def _forget_consumers(self) -> None:
+        """Drop consumers of stopped processes from the group once they hold nothing (each
+        process start adds one)."""
+        for consumer in await self._redis.xinfo_consumers(self._keys.queue, GROUP):
+            name = consumer["name"]
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            if (name != self.consumer and int(consumer["pending"]) == 0
+                    and int(consumer["idle"]) > _FORGET_AFTER_MS):
+                await self._redis.xgroup_delconsumer(self._keys.queue, GROUP, name)
 
     async def _claim(self, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         reply = await self._redis.xautoclaim(
@@ -206,6 +221,9 @@ class Worker:
                 wait = min(wait * 2, self._settings.retry_max_s)
                 current = await self._jobs.load(job.id)
                 if current is None or current.status != "in_progress":
+                    return
+                if self._clock() > current.expires_at:  # retried for its whole window
+                    await self._jobs.expire(job.id)
                     return
         if await self._jobs.record(job.id, index, result.ok, result.line) == 1:
             self._observer.batch_lines("completed" if result.ok else "failed", 1)

@@ -68,6 +68,9 @@ def test_a_batch_answers_every_line_as_the_interactive_route_does(server: Server
     assert [e["custom_id"] for e in errors] == ["classify-wrong-url"]
     assert errors[0]["error"]["code"] == "invalid_request_line"
     assert "/v1/embeddings" in errors[0]["error"]["message"]
+    stats = httpx.get(f"{server.url}/dashboard/stats.json", timeout=10).json()["batch"]
+    assert stats["lines"]["completed"] >= len(TEXTS) and stats["lines"]["failed"] >= 1
+    assert stats["finished"]["completed"] >= 1
 
 
 @pytest.mark.parametrize(("endpoint", "body"), [
