@@ -117,7 +117,7 @@ class Observer(Protocol):
 
     def batch_deferred(self, reason: str) -> None:
         """A batch line held back so interactive calls keep the capacity (``queued``,
-        ``busy``, ``own_limit``, ``no_backend``)."""
+        ``busy``, ``no_backend``, ``loop_busy``: this process's own CPU is saturated)."""
 
     def batch_queue(self, lines: int, lag_s: float, batches: Mapping[str, int]) -> None:
         """The batch queue now: lines of unfinished batches still to answer, the age of the
