@@ -4,9 +4,12 @@ one real Redis charge the same counters, so a tenant gets its limit once, not on
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +22,14 @@ from tests.gateway.conftest import BackendProc, gateway_env, stop_process, wait_
 KEY = "procs-quota-key-0001"
 
 
-def start_gateway(backend: BackendProc, redis_url: str, tenants: Path) -> tuple[str, Any]:
+def start_gateway(backend: BackendProc, redis_url: str, tenants: Path,
+                  **env: str) -> tuple[str, Any]:
     port = free_port()
     cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--backend", backend.url, "--redis", redis_url, "--workers", "1", "--tenants",
            str(tenants)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=gateway_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**gateway_env(), **env},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_ready(proc, f"http://127.0.0.1:{port}/readyz", timeout_s=60, what="gateway")
     except BaseException:
@@ -77,3 +81,38 @@ def test_two_processes_sharing_redis_enforce_one_limit(backend: BackendProc, red
     assert codes[6:] == [200, 200, 429, 429, 429, 429]
     # Each process saw the other's charges: the count went down across them.
     assert [h.split(";")[1] for h in remaining[:3]] == ["r=7", "r=6", "r=5"]
+
+
+def quota_file(path: Path, burst: int) -> Path:
+    path.write_text(textwrap.dedent(f"""
+        tenants:
+          acme:
+            api_keys_sha256: ["{key_digest(KEY)}"]
+            quota: {{requests_per_s: 0.01, requests_burst: {burst}}}
+    """), encoding="utf-8")
+    return path
+
+
+def test_sighup_reloads_the_tenants_file(backend: BackendProc, redis_url: str,
+                                         tmp_path: Path) -> None:
+    tenants = quota_file(tmp_path / "tenants.yaml", 1)
+    url, proc = start_gateway(backend, redis_url, tenants,
+                              GATEWAY_QUOTAS_POLL_INTERVAL_S="3600")  # no file watching
+    try:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        body = {"model": "minilm", "input": ["sighup"]}
+        with httpx.Client(timeout=30) as http:
+            assert http.post(f"{url}/v1/embeddings", headers=headers, json=body).status_code == 200
+            assert http.post(f"{url}/v1/embeddings", headers=headers, json=body).status_code == 429
+            quota_file(tenants, 100)
+            os.kill(proc.pid, signal.SIGHUP)
+            policy = ""
+            for _ in range(100):  # the reload runs in the background: 10 s at most
+                r = http.post(f"{url}/v1/embeddings", headers=headers, json=body)
+                policy = r.headers["RateLimit-Policy"]
+                if r.status_code == 200:
+                    break
+                time.sleep(0.1)
+        assert policy == '"requests";q=100;w=10000'
+    finally:
+        stop_process(proc)
