@@ -116,6 +116,11 @@ class Peer:
         lines = [f"- {ROW}: litellm {self.version or VERSION} (own venv), uvicorn, 1 worker, "
                  "in-memory response cache, no auth, no database, access log off; "
                  f"cache check: {self.check}"]
+        if self.row.errors:
+            transport = sum(r.errors for r in self.row.runs)
+            lines.append(f"- {ROW}: errors over the timed runs: {transport} transport (wrk's "
+                         "connect, read, write and timeout counts; its timeout is 5 s), "
+                         f"{sum(r.non_2xx for r in self.row.runs)} non-2xx")
         if self.backend_calls is not None:
             lines.append(f"- Backend requests during the timed hit runs (a LiteLLM cache miss "
                          f"would show here): {self.backend_calls:.0f}")

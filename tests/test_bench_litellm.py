@@ -8,6 +8,7 @@ installs anything).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import sys
@@ -167,6 +168,10 @@ def test_report_shows_the_measured_row_and_ratio() -> None:
     assert "| LiteLLM's CPU per cached hit / gateway's CPU per L1 hit (info) | 8.000 |" in text
     assert "litellm 1.100.5 (own venv)" in text
     assert "during the timed hit runs (a LiteLLM cache miss would show here): 0" in text
+    assert "errors over the timed runs" not in text
+    peer.row.runs.append(dataclasses.replace(_run(400.0), errors=3, non_2xx=1))
+    assert "errors over the timed runs: 3 transport" in _report(peer)
+    assert ", 1 non-2xx" in _report(peer)
 
 
 def test_no_litellm_flag() -> None:
