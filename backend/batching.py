@@ -12,7 +12,8 @@ ever sees ``compute(list_of_items) -> results`` (run in a worker thread, off the
 - Items are grouped by size (token length) to cut padding: under a backlog the batch is the
   run of ``max_batch_size`` length-sorted items that holds the oldest item (so nothing starves)
   with the least padding, and a batch of very mixed lengths is cut into a few calls when the
-  saved padding outweighs a call's overhead (``split_cost``, in size units).
+  saved padding outweighs a call's overhead (``split_cost``, in size units); with
+  ``max_call_size``, no call covers more padded size units than that (one item at least).
 - The queue is bounded in items: ``submit`` raises ``QueueFull`` at once rather than grow.
 - Deadlines: a request whose deadline passes while queued is dropped before compute and its
   caller gets ``DeadlineExpired``; a cancelled caller's items are dropped too.
@@ -130,6 +131,7 @@ class DynamicBatcher(Generic[T, R]):
         size_of: Callable[[T], int] = lambda _: 1,
         workers: int = 1,
         split_cost: float = 32.0,
+        max_call_size: int | None = None,
         observer: BatchObserver | None = None,
         name: str = "batcher",
     ) -> None:
@@ -141,6 +143,7 @@ class DynamicBatcher(Generic[T, R]):
         self._compute = compute
         self._size_of = size_of
         self._split_cost = split_cost
+        self._max_call_size = max_call_size
         self._observer: BatchObserver = observer or _NullObserver()
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"{name}-compute")
         self._idle = workers  # workers not computing a batch
@@ -240,7 +243,8 @@ class DynamicBatcher(Generic[T, R]):
             batch = self._take()
             if not batch:
                 return
-            bounds = plan_groups([slot.size for slot in batch], self._split_cost)
+            bounds = plan_groups([slot.size for slot in batch], self._split_cost,
+                                 self._max_call_size)
             groups = [[slot.item for slot in batch[lo:hi]] for lo, hi in bounds]
             self._idle -= 1
             try:

@@ -4,6 +4,8 @@ Pure functions over item sizes, used by the batcher: which items form the next b
 are waiting than fit, and whether a batch of very mixed lengths runs better as a few calls.
 Cost model: a call over items padded to the longest costs ``count * longest`` size units, plus a
 fixed ``split_cost`` for the call itself (ONNX Runtime's per-call overhead, in the same units).
+A call may also be capped at ``max_call_size`` padded units: on a CPU, one call over many long
+texts does more work per text than a few smaller calls (see ``dataplane.CPU_CALL_TOKENS``).
 """
 
 from __future__ import annotations
@@ -41,10 +43,26 @@ def choose_window(sizes: Sequence[int], must: int, width: int) -> int:
     return best
 
 
-def plan_groups(sizes: Sequence[int], split_cost: float) -> list[tuple[int, int]]:
+def plan_groups(sizes: Sequence[int], split_cost: float, max_call_size: int | None = None
+                ) -> list[tuple[int, int]]:
     """Cuts ascending ``sizes`` into ``(lo, hi)`` runs minimising padded work plus
-    ``split_cost`` per run. Cuts are only tried where the power-of-two bucket changes, which
-    keeps this a tiny dynamic programme whatever the batch size."""
+    ``split_cost`` per run, then cuts any run whose padded size (count x longest) passes
+    ``max_call_size`` into even runs under it (one item at least). Cuts are only tried where
+    the power-of-two bucket changes, which keeps this a tiny dynamic programme whatever the
+    batch size."""
+    runs = _plan_runs(sizes, split_cost)
+    if max_call_size is None:
+        return runs
+    capped: list[tuple[int, int]] = []
+    for lo, hi in runs:
+        per_call = max(1, max_call_size // sizes[hi - 1])
+        calls = math.ceil((hi - lo) / per_call)
+        edges = [lo + (hi - lo) * k // calls for k in range(calls + 1)]
+        capped += list(itertools.pairwise(edges))
+    return capped
+
+
+def _plan_runs(sizes: Sequence[int], split_cost: float) -> list[tuple[int, int]]:
     n = len(sizes)
     if n == 0:
         return []

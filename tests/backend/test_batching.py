@@ -268,3 +268,24 @@ def test_mixed_lengths_split_only_when_padding_outweighs_a_call() -> None:
     assert plan_groups([8] * 31 + [256], split_cost=32) == [(0, 31), (31, 32)]
     assert plan_groups([8, 9, 10, 12, 16], split_cost=32) == [(0, 5)]
     assert plan_groups([], split_cost=32) == []
+
+
+def test_calls_are_capped_in_padded_size_but_never_below_one_item() -> None:
+    assert plan_groups([196] * 8, split_cost=32, max_call_size=512) == \
+        [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert plan_groups([9] * 32, split_cost=32, max_call_size=512) == [(0, 32)]
+    assert plan_groups([64] * 10, split_cost=32, max_call_size=512) == [(0, 5), (5, 10)]
+    assert plan_groups([600, 700], split_cost=32, max_call_size=512) == [(0, 1), (1, 2)]
+    assert plan_groups([8] * 31 + [256], split_cost=32, max_call_size=512) == \
+        [(0, 31), (31, 32)]
+
+
+async def test_a_capped_batch_runs_as_several_calls_in_one_worker_turn(
+    make: BatcherFactory,
+) -> None:
+    compute = Doubler()
+    batcher = make(compute, max_batch_size=8, max_call_size=250)
+    outcomes = await asyncio.gather(*(batcher.submit([100 + i]) for i in range(5)))
+    assert [o.results[0] for o in outcomes] == [200, 202, 204, 206, 208]
+    assert compute.calls == [[100], [101, 102], [103, 104]]  # even, each 2 x size <= 250
+    assert [o.batch_size for o in outcomes] == [1, 2, 2, 2, 2]
