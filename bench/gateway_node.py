@@ -2,7 +2,10 @@
 
 1. Node-tier hits vs L1 hits, wrk at ``C`` connections over 256 distinct cached texts: a gateway
    with ``cache.max_entries=1`` (every lookup misses L1 and reads the node tier) vs one with the
-   normal L1; no Redis. /metrics confirms which tier answered.
+   normal L1; no Redis. /metrics confirms which tier answered. An L1 hit is usually answered by
+   the hot-answer shortcut (gateway/hot.py), which only trusts entries L1 holds; the same pair
+   again with hot answers off (``logging.request_text``, the one setting that turns them off)
+   compares the tiers on the same path.
 2. A replayed trace of repeats: ``requests`` texts drawn from ``distinct`` ones with Zipf
    weights (seeded, so every run replays the same trace), sent one at a time, each on a new
    connection so the kernel spreads them over the workers; the hit ratio is the share of
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -63,15 +67,22 @@ class NodeBench:
 
     rows: list[Row] = field(default_factory=lambda: [
         Row("gateway, L1 hit (node tier on, normal L1)"),
-        Row("gateway, node-tier hit (cache.max_entries=1)")])
+        Row("gateway, node-tier hit (cache.max_entries=1)"),
+        Row("gateway, L1 hit, hot answers off"),
+        Row("gateway, node-tier hit, hot answers off")])
     trace: list[TraceRun] = field(default_factory=list)
     probes: dict[str, Probe] = field(default_factory=dict)
     trace_requests: int = 0
 
     def targets(self) -> list[str]:
         """Target rows for the report's target table."""
-        l1, node = (r.rps for r in self.rows)
-        lines = [_target("node-tier-hit req/s / L1-hit req/s", _ratio(node, l1), TARGET_NODE)]
+        l1, node, l1_full, node_full = (r.rps for r in self.rows)
+        cpu = [_cpu_per_answer(r) for r in self.rows]
+        lines = [_target("node-tier-hit req/s / L1-hit req/s", _ratio(node, l1), TARGET_NODE),
+                 # Server CPU per answer does not depend on how much CPU other processes left.
+                 _info("L1 hit's server CPU per answer / node-tier hit's", _ratio(cpu[0], cpu[1])),
+                 _info("same, hot answers off: req/s ratio", _ratio(node_full, l1_full)),
+                 _info("same, hot answers off: CPU per answer ratio", _ratio(cpu[2], cpu[3]))]
         if len(self.trace) >= 2:
             one, two = self.trace[0].hit_ratio, self.trace[1].hit_ratio
             lines.append(_target("trace hit ratio, 2 workers / 1 worker", _ratio(two, one), 1.0))
@@ -116,18 +127,19 @@ def measure(bench: NodeBench, backend_url: str, *, cores: frozenset[int] | None,
     path = "/v1/embeddings"
     bodies = [orjson.dumps({"input": f"node tier bench text number {i}", "model": "minilm"})
               for i in range(NODE_TEXTS)]
-    gw_l1 = stack.enter_context(services.gateway(backend_url, cores=cores,
-                                                 name="gateway-node-l1"))
-    gw_node = stack.enter_context(services.gateway(
-        backend_url, cores=cores, settings={"cache.max_entries": 1}, name="gateway-node"))
-    bench.probes["node tier warm"] = Probe.warm(gw_node.url, bodies)
-    bench.probes["L1 warm (node tier on)"] = Probe.warm(gw_l1.url, bodies)
-    servers = (("l1", gw_l1), ("node", gw_node))
-    before = {name: cache_lookups(s.url) for name, s in servers}
-    throughput([(bench.rows[0], gw_l1, bodies, path), (bench.rows[1], gw_node, bodies, path)])
-    for row, (name, server) in zip(bench.rows, servers, strict=True):
-        after = cache_lookups(server.url)
-        delta = {k: v - before[name].get(k, 0.0) for k, v in after.items()}
+    servers = []
+    for name, settings in (("l1", {}), ("node", {"cache.max_entries": 1}),
+                           ("l1-full", {"logging.request_text": True}),
+                           ("node-full", {"logging.request_text": True, "cache.max_entries": 1})):
+        server = stack.enter_context(services.gateway(backend_url, cores=cores,
+                                                      settings=settings, name=f"gateway-{name}"))
+        bench.probes[f"{name} warm"] = Probe.warm(server.url, bodies)
+        servers.append(server)
+    before = [cache_lookups(s.url) for s in servers]
+    throughput([(row, server, bodies, path)
+                for row, server in zip(bench.rows, servers, strict=True)])
+    for row, server, was in zip(bench.rows, servers, before, strict=True):
+        delta = {k: v - was.get(k, 0.0) for k, v in cache_lookups(server.url).items()}
         row.note = ", ".join(f"{k} {v:.0f}" for k, v in sorted(delta.items()) if v)
 
     bench.trace_requests = trace_requests
@@ -146,8 +158,19 @@ def measure(bench: NodeBench, backend_url: str, *, cores: frozenset[int] | None,
             bench.trace.append(run)
 
 
+def _cpu_per_answer(row: Row) -> float:
+    m = row.median
+    if m is None or not row.cpu or m.rps <= 0:
+        return float("nan")
+    return statistics.median(row.cpu) / m.rps
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else float("nan")
+
+
+def _info(name: str, value: float) -> str:
+    return f"| {name} (info) | {value:.3f} | - | - |"
 
 
 def _target(name: str, value: float, goal: float) -> str:
