@@ -135,13 +135,27 @@ class GatewayMetrics:
             "gateway_backend_healthy", "1 when the backend is healthy and not ejected.",
             ["backend", "zone"], registry=reg, multiprocess_mode="liveall",
         )
+        self.slow_start = Gauge(
+            "gateway_backend_slow_start",
+            "1 while the backend is in slow start (back, its share still ramping up).",
+            ["backend", "zone"], registry=reg, multiprocess_mode="liveall",
+        )
         self.ejections = Counter(
-            "gateway_backend_ejections_total", "Passive ejections after consecutive failures.",
-            ["backend"], registry=reg,
+            "gateway_backend_ejections_total",
+            "Outlier ejections, by backend and cause (consecutive_5xx, "
+            "consecutive_gateway_failure, success_rate).",
+            ["backend", "cause"], registry=reg,
         )
         self.retries = Counter(
-            "gateway_upstream_retries_total", "Retries on another backend.", ["reason"],
-            registry=reg,
+            "gateway_upstream_retries_total",
+            "Retries on another backend, by the failure retried (connect_failure, reset, "
+            "per_try_timeout, http_<status>).",
+            ["reason"], registry=reg,
+        )
+        self.retry_overflow = Counter(
+            "gateway_upstream_retry_overflow_total",
+            "Retries the retry budget refused, by the failure they would have retried.",
+            ["reason"], registry=reg,
         )
         self.hedges = Counter(
             "gateway_upstream_hedges_total", "Hedged second requests sent.", registry=reg,

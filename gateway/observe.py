@@ -88,16 +88,24 @@ class Observer(Protocol):
         """The queue and compute time a backend reported for a call."""
 
     def retry(self, reason: str) -> None:
-        """A call retried on another backend."""
+        """A call retried on another backend, and why (connect_failure, reset,
+        per_try_timeout, http_<status>)."""
+
+    def retry_overflow(self, reason: str) -> None:
+        """A retry the retry budget refused (``reason``: the failure it would have retried)."""
 
     def hedge(self) -> None:
         """A hedged second copy sent."""
 
-    def ejected(self, backend: str) -> None:
-        """A backend passively ejected after consecutive failures."""
+    def ejected(self, backend: str, cause: str) -> None:
+        """A backend ejected by outlier detection (consecutive_5xx,
+        consecutive_gateway_failure, success_rate)."""
 
     def backend_health(self, backend: str, zone: str, healthy: bool) -> None:
         """A backend's health (healthy and not ejected) as routing sees it now."""
+
+    def slow_start(self, backend: str, zone: str, active: bool) -> None:
+        """Whether a backend is in slow start (back, and its share still ramping up) now."""
 
     def cache_errors(self, tier: str, items: int) -> None:
         """Errors in one tier (down, slow, corrupt entries)."""
@@ -196,13 +204,19 @@ class NullObserver:
     def retry(self, reason: str) -> None:
         pass
 
+    def retry_overflow(self, reason: str) -> None:
+        pass
+
     def hedge(self) -> None:
         pass
 
-    def ejected(self, backend: str) -> None:
+    def ejected(self, backend: str, cause: str) -> None:
         pass
 
     def backend_health(self, backend: str, zone: str, healthy: bool) -> None:
+        pass
+
+    def slow_start(self, backend: str, zone: str, active: bool) -> None:
         pass
 
     def cache_errors(self, tier: str, items: int) -> None:
@@ -346,14 +360,20 @@ class MetricsObserver:
     def retry(self, reason: str) -> None:
         self.tally.inc(self.metrics.retries, (reason,))
 
+    def retry_overflow(self, reason: str) -> None:
+        self.tally.inc(self.metrics.retry_overflow, (reason,))
+
     def hedge(self) -> None:
         self.tally.inc(self.metrics.hedges, ())
 
-    def ejected(self, backend: str) -> None:
-        self.tally.inc(self.metrics.ejections, (backend,))
+    def ejected(self, backend: str, cause: str) -> None:
+        self.tally.inc(self.metrics.ejections, (backend, cause))
 
     def backend_health(self, backend: str, zone: str, healthy: bool) -> None:
         self.metrics.child(self.metrics.backend_healthy, backend, zone).set(1 if healthy else 0)
+
+    def slow_start(self, backend: str, zone: str, active: bool) -> None:
+        self.metrics.child(self.metrics.slow_start, backend, zone).set(1 if active else 0)
 
     def cache_errors(self, tier: str, items: int) -> None:
         if items:

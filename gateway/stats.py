@@ -20,6 +20,12 @@ Definitions the page and the tests rely on:
   does (linear interpolation inside the bucket), for inference routes only, so the dashboard's
   own polling does not dilute them.
 
+- resilience: retries by the failure retried (``connect_failure``, ``reset``,
+  ``per_try_timeout``, ``http_<status>``), retries the retry budget refused (by the same
+  reasons), outlier ejections by cause (``consecutive_5xx``, ``consecutive_gateway_failure``,
+  ``success_rate``), and per backend whether it is in slow start and its weight now (this
+  worker's router).
+
 - tenant usage: per tenant label (the busiest ``quotas.top_tenants`` ids, the rest ``other``)
   requests by outcome (ok, rate_limited, shed, error), texts by source (backend, cache,
   coalesced), tokens, backend compute seconds used and saved, 429s by limit, from the
@@ -217,6 +223,7 @@ class Stats:
             "tier_evictions": s.sum_by("gateway_cache_evictions_total", "tier"),
             "latency_s": {cache: quantiles(b) for cache, b in sorted(latency.items())},
             "shed": {"total": sum(shed.values()), "by_reason": shed},
+            "resilience": self._resilience(s),
             "compute_saved_s": {"total": sum(saved.values()), "by_model": saved},
             "coalesced": s.total("gateway_coalesced_total"),
             "queue_depth": s.sum_by("gateway_queue_depth", "tier"),
@@ -242,6 +249,18 @@ class Stats:
         return {
             "version": self._policies.active.version,
             "shadow_version": shadow.version if shadow is not None else None,
+        }
+
+    def _resilience(self, s: Samples) -> dict[str, Any]:
+        retries = s.sum_by("gateway_upstream_retries_total", "reason")
+        refused = s.sum_by("gateway_upstream_retry_overflow_total", "reason")
+        ejections = s.sum_by("gateway_backend_ejections_total", "cause")
+        now = self._router.now()
+        return {
+            "retries": {"total": sum(retries.values()), "by_reason": retries},
+            "budget_refused": {"total": sum(refused.values()), "by_reason": refused},
+            "ejections": {"total": sum(ejections.values()), "by_cause": ejections},
+            "slow_start": sum(self._router.in_slow_start(b, now) for b in self._router.states),
         }
 
     def _backends(self, s: Samples) -> list[dict[str, Any]]:
@@ -270,6 +289,8 @@ class Stats:
                 "inflight": state.inflight,
                 "ewma_s": state.ewma_s if state.samples else None,
                 "ejections": state.ejections,
+                "slow_start": self._router.in_slow_start(state, now),
+                "weight": self._router.weight(state, now),
                 "model_versions": dict(state.model_versions),
                 "requests": sum(calls.values()),
                 "errors": sum(v for k, v in calls.items() if k != "ok"),

@@ -1,8 +1,9 @@
 """What the gateway knows about each backend at run time.
 
-``BackendState`` is plain mutable state owned by the ``Router`` (load, latency EWMA, ejection)
-and the ``HealthChecker`` (health, model versions). It has identity semantics: two states are
-the same backend only if they are the same object, so they can live in sets.
+``BackendState`` is plain mutable state owned by the ``Router`` (load, latency EWMA, outlier
+counts, ejection, slow start) and the ``HealthChecker`` (health, model versions). It has
+identity semantics: two states are the same backend only if they are the same object, so they
+can live in sets.
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ class BackendState:
     Attributes:
         spec: where it is and its locality.
         healthy: last verdict of the active health checks (optimistic until the first check).
-        ejected_until: clock time until which passive outlier ejection keeps it out.
-        consecutive_failures: failed calls in a row since the last success.
-        ejections: how many times it has been ejected (also the doubling exponent, see
-            ``ejection_level``).
+        ejected_until: clock time until which outlier ejection keeps it out.
+        consecutive_5xx: failed calls of any kind in a row since the last success.
+        consecutive_gateway_failures: gateway failures (connection failures, resets, timeouts,
+            502/504) in a row since the last call that was not one.
+        interval_calls: calls that count for the success-rate check in this interval.
+        interval_successes: of those, the successes.
+        ejections: how many times it has been ejected.
         ejection_level: exponent of the next ejection time; decays after a quiet period.
+        returned_at: clock time it came back (healthy again, or its ejection over), which
+            starts its slow start; None when it never left.
         inflight: calls in flight now.
         ewma_s: latency EWMA in seconds; 0 until the first sample.
         samples: latency samples seen.
@@ -34,9 +40,13 @@ class BackendState:
     spec: BackendSpec
     healthy: bool = True
     ejected_until: float = 0.0
-    consecutive_failures: int = 0
+    consecutive_5xx: int = 0
+    consecutive_gateway_failures: int = 0
+    interval_calls: int = 0
+    interval_successes: int = 0
     ejections: int = 0
     ejection_level: int = 0
+    returned_at: float | None = None
     inflight: int = 0
     ewma_s: float = 0.0
     samples: int = 0
@@ -54,7 +64,7 @@ class BackendState:
         return self.spec.url
 
     def ejected(self, now: float) -> bool:
-        """True while passive ejection keeps this backend out."""
+        """True while outlier ejection keeps this backend out."""
         return now < self.ejected_until
 
     def available(self, now: float) -> bool:

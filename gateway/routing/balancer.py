@@ -3,9 +3,11 @@
 Backends fall into tiers by locality relative to the gateway: ``zone`` (same region and zone),
 ``region`` (same region) and ``remote`` (the rest). ``Router.pick`` takes the nearest tier that
 still has an available backend (healthy, not ejected, not saturated) and within it compares two
-random candidates on ``(inflight + 1) * latency EWMA``, the cost of one more call there.
+random candidates on ``(inflight + 1) * latency EWMA``, the cost of one more call there. A
+backend in slow start (slowstart.py) enters that draw only with the chance of its weight.
 
-Passive ejection follows Envoy's outlier detection: N consecutive failures eject a backend for
+Outlier ejection follows Envoy's outlier detection (outlier.py: consecutive 5xx, consecutive
+gateway failures, success rate across a tier): an outlier is ejected for
 ``base_ejection_s * 2**level`` (capped), never more than ``max_ejected_percent`` of the backends
 and never the last available one.
 """
@@ -22,11 +24,20 @@ from typing import Literal
 from gateway.observe import NullObserver, Observer
 from gateway.routing.backends import BackendState
 from gateway.routing.config import BackendSpec, RoutingSettings
+from gateway.routing.outlier import (
+    FAILURES,
+    GATEWAY_FAILURES,
+    NEUTRAL,
+    Cause,
+    Outcome,
+    success_rate_outliers,
+)
+from gateway.routing.slowstart import slow_start_weight
 
 Tier = Literal["zone", "region", "remote"]
-Outcome = Literal["ok", "error", "conn_error", "overloaded", "timeout", "cancelled"]
 TIER_ORDER: tuple[Tier, ...] = ("zone", "region", "remote")
-_FAILURES: frozenset[str] = frozenset({"error", "conn_error", "timeout"})
+
+__all__ = ["TIER_ORDER", "Outcome", "Router", "Tier", "version_sort_key"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +80,7 @@ class Router:
         self._tiers = [(t, members) for t, members in self._tiers if members]
         self._versions: dict[str, str | None] = {}
         self._widths: dict[str, int] = {}
+        self._next_outlier_check = self._clock() + settings.outlier_interval_s
         self.refresh_gauges()
 
     def _locality(self, spec: BackendSpec) -> Tier:
@@ -114,11 +126,35 @@ class Router:
             ]
             if not candidates:
                 continue
+            if len(candidates) > 1:
+                # Slow start: a returning backend enters the draw with the chance of its weight;
+                # when every candidate sits out, all take part (a lone one gets its tier).
+                drawn = [s for s in candidates
+                         if (w := self.weight(s, now)) >= 1.0 or self._rng.random() < w]
+                candidates = drawn or candidates
             if len(candidates) == 1:
                 return candidates[0]
             a, b = self._rng.sample(candidates, 2)
             return a if self._cost(a, b) <= self._cost(b, a) else b
         return None
+
+    def weight(self, state: BackendState, now: float | None = None) -> float:
+        """The backend's slow-start weight now: 1 unless it came back less than
+        ``slow_start_window_s`` ago."""
+        if state.returned_at is None:
+            return 1.0
+        settings = self._settings
+        since = (self._clock() if now is None else now) - state.returned_at
+        if since >= settings.slow_start_window_s:
+            return 1.0
+        return slow_start_weight(since, window_s=settings.slow_start_window_s,
+                                 aggression=settings.slow_start_aggression,
+                                 min_weight_percent=settings.slow_start_min_weight_percent)
+
+    def in_slow_start(self, state: BackendState, now: float | None = None) -> bool:
+        """Available and still ramping up."""
+        now = self._clock() if now is None else now
+        return state.available(now) and self.weight(state, now) < 1.0
 
     @staticmethod
     def _cost(state: BackendState, other: BackendState) -> float:
@@ -137,27 +173,64 @@ class Router:
         state.inflight += 1
 
     def on_finish(self, state: BackendState, *, latency_s: float, outcome: Outcome) -> None:
-        """A call to ``state`` ended: update its EWMA, failure count and maybe eject it.
+        """A call to ``state`` ended: update its EWMA and outlier counts, maybe eject it.
 
         ``cancelled`` (deadline passed or a hedge lost) only raises the EWMA when the elapsed
         time already exceeds it, since the true latency is at least that. Failures count as slow
         samples so a backend that fails fast does not attract traffic.
         """
         state.inflight = max(0, state.inflight - 1)
+        now = self._clock()
         if outcome == "ok":
             self._sample(state, latency_s)
-            state.consecutive_failures = 0
-            return
-        if outcome == "cancelled":
+            state.consecutive_5xx = state.consecutive_gateway_failures = 0
+            state.interval_calls += 1
+            state.interval_successes += 1
+        elif outcome == "cancelled":
             if latency_s > state.ewma_s:
                 self._sample(state, latency_s)
-            return
-        if state.samples or outcome == "timeout":
-            self._sample(state, max(latency_s, 2.0 * state.ewma_s))
-        if outcome in _FAILURES:
-            state.consecutive_failures += 1
-            if state.consecutive_failures >= self._settings.eject_after_failures:
-                self._maybe_eject(state)
+        else:
+            if state.samples or outcome == "timeout":
+                self._sample(state, max(latency_s, 2.0 * state.ewma_s))
+            if outcome not in NEUTRAL:
+                self._count_failure(state, outcome)
+        if now >= self._next_outlier_check:
+            self.check_success_rates()
+
+    def _count_failure(self, state: BackendState, outcome: Outcome) -> None:
+        settings = self._settings
+        state.interval_calls += 1
+        if outcome in FAILURES:
+            state.consecutive_5xx += 1
+        if outcome in GATEWAY_FAILURES:
+            state.consecutive_gateway_failures += 1
+        else:
+            state.consecutive_gateway_failures = 0  # as Envoy: a 500 breaks the run
+        if (settings.consecutive_gateway_failure
+                and state.consecutive_gateway_failures >= settings.consecutive_gateway_failure):
+            self._maybe_eject(state, "consecutive_gateway_failure")
+        elif settings.consecutive_5xx and state.consecutive_5xx >= settings.consecutive_5xx:
+            self._maybe_eject(state, "consecutive_5xx")
+
+    def check_success_rates(self) -> list[BackendState]:
+        """Envoy's success-rate check over the interval that ends now, tier by tier; ejects the
+        outliers (within the max-ejected share) and starts the next interval. Runs by itself
+        every ``outlier_interval_s`` as calls finish and health checks run."""
+        settings = self._settings
+        self._next_outlier_check = self._clock() + settings.outlier_interval_s
+        ejected: list[BackendState] = []
+        for _, members in self._tiers:
+            counts = {s: (s.interval_successes, s.interval_calls) for s in members}
+            for state in success_rate_outliers(
+                counts, minimum_hosts=settings.success_rate_minimum_hosts,
+                request_volume=settings.success_rate_request_volume,
+                stdev_factor=settings.success_rate_stdev_factor,
+            ):
+                if self._maybe_eject(state, "success_rate"):
+                    ejected.append(state)
+        for state in self._states:
+            state.interval_calls = state.interval_successes = 0
+        return ejected
 
     def _sample(self, state: BackendState, latency_s: float) -> None:
         alpha = self._settings.ewma_alpha
@@ -166,7 +239,7 @@ class Router:
         )
         state.samples += 1
 
-    def _maybe_eject(self, state: BackendState) -> bool:
+    def _maybe_eject(self, state: BackendState, cause: Cause) -> bool:
         now = self._clock()
         if state.ejected(now):
             return False
@@ -183,14 +256,16 @@ class Router:
             self._settings.max_ejection_s,
         )
         state.ejected_until = now + duration
+        state.returned_at = state.ejected_until  # slow start begins when the ejection ends
         state.ejection_level += 1
         state.ejections += 1
-        state.consecutive_failures = 0
+        state.consecutive_5xx = state.consecutive_gateway_failures = 0
         log.warning(
             "backend ejected",
-            extra={"backend": state.name, "zone": state.spec.zone, "ejection_s": duration},
+            extra={"backend": state.name, "zone": state.spec.zone, "ejection_s": duration,
+                   "cause": cause},
         )
-        self._observer.ejected(state.name)
+        self._observer.ejected(state.name, cause)
         self._gauge(state, now)
         return True
 
@@ -201,10 +276,13 @@ class Router:
         (a backend still starting up is not a failure).
         """
         changed = state.healthy != healthy
+        now = self._clock()
         if changed:
             state.healthy = healthy
             self._versions.clear()
-        self._gauge(state, self._clock())
+            if healthy:  # back: slow start, from the end of an ejection still running
+                state.returned_at = max(now, state.ejected_until)
+        self._gauge(state, now)
         return changed
 
     def set_model_versions(self, state: BackendState, versions: Mapping[str, str]) -> None:
@@ -244,10 +322,15 @@ class Router:
         return any(s.healthy for s in self._states)
 
     def refresh_gauges(self) -> None:
-        """Bring the per-backend health gauges up to date (ejections expire silently)."""
+        """Bring the per-backend health and slow-start gauges up to date (ejections and slow
+        starts end silently), and run a success-rate check that is due."""
         now = self._clock()
+        if now >= self._next_outlier_check:
+            self.check_success_rates()
         for state in self._states:
             self._gauge(state, now)
 
     def _gauge(self, state: BackendState, now: float) -> None:
-        self._observer.backend_health(state.name, state.spec.zone, state.available(now))
+        name, zone = state.name, state.spec.zone
+        self._observer.backend_health(name, zone, state.available(now))
+        self._observer.slow_start(name, zone, self.in_slow_start(state, now))

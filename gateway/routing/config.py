@@ -81,29 +81,85 @@ class RoutingSettings:
     unhealthy_threshold: int = 2
     """Failed checks in a row (timeouts, errors) before a backend is marked unhealthy; a refused
     connection or a 503 from the readiness route counts at once."""
-    eject_after_failures: int = 3
-    """Consecutive failed calls before passive ejection."""
+    # Outlier detection (Envoy: the cluster's ``outlier_detection``).
+    consecutive_5xx: int = 5
+    """Consecutive failed calls of any kind (a 5xx answer other than 503, a malformed answer, a
+    connection failure, a reset, a timeout) that eject a backend; 0 turns it off (Envoy's
+    ``consecutive_5xx``). A 503 is the backend shedding load: it counts for neither."""
+    consecutive_gateway_failure: int = 3
+    """Consecutive gateway failures (connection failures, resets, timeouts, 502 and 504
+    answers) that eject a backend; 0 turns it off (Envoy's ``consecutive_gateway_failure``)."""
+    success_rate_minimum_hosts: int = 5
+    """Hosts of a tier with ``success_rate_request_volume`` calls in an interval needed before
+    the success-rate check runs in that tier; 0 turns the check off (Envoy's
+    ``success_rate_minimum_hosts``)."""
+    success_rate_request_volume: int = 100
+    """Calls a host needs in one interval to take part in the success-rate check (Envoy's
+    ``success_rate_request_volume``)."""
+    success_rate_stdev_factor: int = 1900
+    """A host whose success rate falls below ``mean - stdev x factor / 1000`` of its tier's
+    hosts is ejected; 1900 means 1.9 standard deviations (Envoy's
+    ``success_rate_stdev_factor``)."""
+    outlier_interval_s: float = 10.0
+    """Seconds between success-rate evaluations (Envoy's ``interval``)."""
     base_ejection_s: float = 2.0
-    """Ejection time the first time; doubled on every repeat."""
+    """Ejection time the first time; doubled on every repeat (Envoy's ``base_ejection_time``,
+    which grows linearly there)."""
     max_ejection_s: float = 60.0
-    """Cap on the ejection time."""
+    """Cap on the ejection time (Envoy's ``max_ejection_time``)."""
     max_ejected_percent: int = 50
-    """At most this share of backends ejected at once; never all of them."""
+    """At most this share of backends ejected at once; never all of them (Envoy's
+    ``max_ejection_percent``)."""
+    # Slow start (Envoy: the load balancer's ``slow_start_config``).
+    slow_start_window_s: float = 10.0
+    """A backend that comes back (ejection over, or healthy again) gets a share of its tier's
+    traffic that ramps up over this many seconds; 0 turns it off (Envoy's
+    ``slow_start_window``). A backend alone in its tier takes the tier's traffic at once."""
+    slow_start_aggression: float = 1.0
+    """Shape of the ramp: the weight is ``(time since return / window) ** (1 / aggression)``;
+    1 is linear, larger ramps faster at first (Envoy's ``aggression``)."""
+    slow_start_min_weight_percent: int = 10
+    """The weight a returning backend starts from, in percent (Envoy's
+    ``min_weight_percent``)."""
     ewma_alpha: float = 0.3
     """Weight of the newest latency sample in each backend's EWMA."""
     max_inflight_per_backend: int | None = None
     """A backend with this many calls in flight counts as saturated and the balancer fails over
     to the next tier; unset for no limit."""
     connect_timeout_s: float = 0.5
-    """TCP connect timeout to a backend (then 502, or a retry on another)."""
+    """TCP connect timeout to a backend (a connection failure: retried on another)."""
     read_timeout_s: float = 10.0
-    """Longest time one backend call may take (the request deadline may cut it shorter)."""
+    """Longest time one backend call may take, when ``per_try_timeout_ms`` is unset (the request
+    deadline may cut it shorter)."""
     pool_size: int = 100
     """Keep-alive connections per process (the one client session's pool), in total and per
     backend; keep it above ``admission.tier_concurrency`` so health checks never wait behind
     traffic for a connection."""
+    # Retry policy (Envoy: the route's ``retry_policy`` and the cluster's ``retry_budget``).
     retry: bool = True
-    """Retry once on another backend after a connection failure or a backend 503."""
+    """The retry policy's switch: false sends every request to one backend only."""
+    retry_on: tuple[str, ...] = ("connect-failure", "reset", "retriable-status-codes")
+    """What a retry is for, as Envoy's ``retry_on`` names it: ``connect-failure`` (refused,
+    unreachable, connect timeout), ``reset`` (dropped before a complete answer, or no answer
+    within the per-try timeout), ``retriable-status-codes`` (a status in
+    ``retriable_status_codes``), ``gateway-error`` (502, 503, 504) and ``5xx`` (any 5xx). A 4xx
+    is never retried."""
+    retriable_status_codes: tuple[int, ...] = (500, 502, 503, 504)
+    """The 5xx answers ``retriable-status-codes`` retries (Envoy's
+    ``retriable_status_codes``)."""
+    num_retries: int = 1
+    """Retries per request, each on a backend not tried yet for it, nearest tier first (Envoy's
+    ``num_retries``)."""
+    per_try_timeout_ms: int | None = None
+    """Time one try may take before it is abandoned and retried elsewhere (within the request's
+    deadline); unset: ``read_timeout_s`` (Envoy's ``per_try_timeout``)."""
+    retry_budget_percent: float = 20.0
+    """Retries in flight at most this share of the requests in flight; a retry past it is not
+    sent and the try's error is the answer (Envoy's ``retry_budget.budget_percent``)."""
+    retry_budget_min_concurrency: int = 10
+    """Retries in flight the budget allows however few requests are in flight (Envoy's
+    ``retry_budget.min_retry_concurrency``, 3 there for a whole proxy; this budget is per worker
+    and has to cover a host that dies with every call it had in flight)."""
     hedge_after_p95: bool = False
     """After the tier's observed p95, send a second copy to another backend and take the first
     answer."""
@@ -122,13 +178,60 @@ class RoutingSettings:
                 f"(got {self.max_ejection_s})"
             )
         check.at_least("unhealthy_threshold", self.unhealthy_threshold, 1)
-        check.at_least("eject_after_failures", self.eject_after_failures, 1)
-        check.at_least("max_ejected_percent", self.max_ejected_percent, 0)
+        check.at_least("consecutive_5xx", self.consecutive_5xx, 0)
+        check.at_least("consecutive_gateway_failure", self.consecutive_gateway_failure, 0)
+        check.at_least("success_rate_minimum_hosts", self.success_rate_minimum_hosts, 0)
+        check.at_least("success_rate_request_volume", self.success_rate_request_volume, 1)
+        check.at_least("success_rate_stdev_factor", self.success_rate_stdev_factor, 0)
+        check.positive("outlier_interval_s", self.outlier_interval_s)
         check.between("max_ejected_percent", self.max_ejected_percent, 0, 100)
+        check.at_least("max_ejected_percent", self.max_ejected_percent, 0)
+        check.between("slow_start_window_s", self.slow_start_window_s, 0, 3600)
+        check.positive("slow_start_aggression", self.slow_start_aggression, upper=100)
+        check.at_least("slow_start_min_weight_percent", self.slow_start_min_weight_percent, 1)
+        check.between("slow_start_min_weight_percent", self.slow_start_min_weight_percent, 1, 100)
         check.between("ewma_alpha", self.ewma_alpha, 0, 1, open_low=True)
         if self.max_inflight_per_backend is not None:
             check.at_least("max_inflight_per_backend", self.max_inflight_per_backend, 1)
         check.at_least("pool_size", self.pool_size, 1)
         check.boolean("retry", self.retry)
+        object.__setattr__(self, "retry_on", _retry_on(self.retry_on))
+        object.__setattr__(self, "retriable_status_codes",
+                           _status_codes(self.retriable_status_codes))
+        check.at_least("num_retries", self.num_retries, 0)
+        if self.per_try_timeout_ms is not None:
+            check.at_least("per_try_timeout_ms", self.per_try_timeout_ms, 1)
+        check.between("retry_budget_percent", self.retry_budget_percent, 0, 100)
+        check.at_least("retry_budget_min_concurrency", self.retry_budget_min_concurrency, 0)
         check.boolean("hedge_after_p95", self.hedge_after_p95)
         check.at_least("hedge_min_samples", self.hedge_min_samples, 1)
+
+    @property
+    def per_try_timeout_s(self) -> float:
+        """The time one try may take: ``per_try_timeout_ms``, else ``read_timeout_s``."""
+        if self.per_try_timeout_ms is None:
+            return self.read_timeout_s
+        return self.per_try_timeout_ms / 1000.0
+
+
+RETRY_ON = ("connect-failure", "reset", "retriable-status-codes", "gateway-error", "5xx")
+"""The ``retry_on`` conditions the gateway knows (Envoy's names for them)."""
+
+
+def _retry_on(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, tuple | list):
+        raise SettingsError(f"retry_on: must be a list of conditions (got {value!r})")
+    for item in value:
+        check.one_of("retry_on", item, RETRY_ON)
+    return tuple(dict.fromkeys(value))
+
+
+def _status_codes(value: object) -> tuple[int, ...]:
+    if isinstance(value, str) or not isinstance(value, tuple | list):
+        raise SettingsError(f"retriable_status_codes: must be a list of 5xx statuses "
+                            f"(got {value!r})")
+    for code in value:
+        if not isinstance(code, int) or isinstance(code, bool) or not 500 <= code <= 599:
+            raise SettingsError(f"retriable_status_codes: must be 5xx statuses: a 4xx is the "
+                                f"request's fault and never retried (got {code!r})")
+    return tuple(dict.fromkeys(value))

@@ -21,7 +21,8 @@ MOVED = {
     "policy_poll_s": "policies.poll_interval_s",
     "connect_timeout_ms": "routing.connect_timeout_s", "read_timeout_ms": "routing.read_timeout_s",
     "pool_size": "routing.pool_size", "health_interval_s": "routing.health_interval_s",
-    "eject_after_failures": "routing.eject_after_failures", "hedge": "routing.hedge_after_p95",
+    "eject_after_failures": "routing.consecutive_gateway_failure",
+    "hedge": "routing.hedge_after_p95",
     "tier_concurrency": "admission.tier_concurrency", "tier_queue": "admission.tier_queue",
     "adaptive_concurrency": "admission.adaptive.enabled",
     "adaptive_window_ms": "admission.adaptive.window_s",
@@ -31,6 +32,8 @@ MOVED = {
     "adaptive_probe_interval_s": "admission.adaptive.probe_interval_s",
     "adaptive_probe_requests": "admission.adaptive.probe_requests",
     "log_level": "logging.level", "log_request_text": "logging.request_text",
+    # Renamed inside a section since: Envoy's name for the same outlier check.
+    "routing.eject_after_failures": "routing.consecutive_gateway_failure",
 }
 _NOW_SECONDS = {"redis_timeout_ms", "connect_timeout_ms", "read_timeout_ms", "adaptive_window_ms"}
 

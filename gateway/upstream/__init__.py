@@ -5,15 +5,18 @@ from gateway.upstream.client import InferResult, RawResult, Upstream
 from gateway.upstream.transport import (
     AiohttpTransport,
     ConnectError,
+    ConnectFailed,
     MemoryTransport,
     ReadTimeout,
     Reply,
     Request,
+    Reset,
     Transport,
     TransportError,
 )
 
 __all__ = [
-    "AiohttpTransport", "ConnectError", "InferResult", "MemoryTransport", "RawResult",
-    "ReadTimeout", "Reply", "Request", "Transport", "TransportError", "Upstream",
+    "AiohttpTransport", "ConnectError", "ConnectFailed", "InferResult", "MemoryTransport",
+    "RawResult", "ReadTimeout", "Reply", "Request", "Reset", "Transport", "TransportError",
+    "Upstream",
 ]

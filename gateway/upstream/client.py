@@ -2,17 +2,26 @@
 
 Each call: the router picks a backend (nearest tier, P2C), admission grants a slot in that tier
 (failing over to the next tier when a tier would shed), the request goes out with
-``X-Request-Id`` and ``X-Request-Timeout-Ms`` (the time left), and the answer is checked before
-anyone sees it. A connection failure or a backend 503 is retried once on another backend
-(inference is idempotent); with ``hedge_after_p95`` a call slower than its tier's p95 gets a
-second copy on another backend and the first answer wins.
+``X-Request-Id``, ``X-Request-Timeout-Ms`` (the time this try has: the per-try timeout within
+the request's deadline) and ``X-Attempt-Count`` (1, then 2... on retries, as Envoy's
+``x-envoy-attempt-count``), and the answer is checked before anyone sees it.
+
+A try that fails in a way the retry policy retries (retry.py: connection failures, resets,
+per-try timeouts, the configured 5xx answers; never a 4xx) is retried up to ``num_retries``
+times (inference is idempotent), each time on a backend not tried yet for this request, the
+nearest tier first (a farther tier when the near one has no other available backend), only
+while the request's deadline has time left and the retry budget allows. With
+``hedge_after_p95`` a call slower than its tier's p95 gets a second copy on another backend and
+the first answer wins.
 
 Transport errors stop here; callers only see ``gateway.errors``:
 
     connection refused / reset / connect timeout  -> retried, then BadGateway (502)
     backend 503 on every try                      -> Overloaded(reason="backend_overloaded")
-    request deadline passed / read timeout        -> DeadlineExceeded (504)
-    backend 4xx, other 5xx, malformed answer      -> BadGateway (502)
+    per-try timeout / 504 answer on every try     -> DeadlineExceeded (504)
+    request deadline passed                       -> DeadlineExceeded (504)
+    backend 500, 502 on every try                 -> BadGateway (502)
+    backend 4xx, malformed answer                 -> BadGateway (502), not retried
     no backend available                          -> Overloaded(reason="no_backend")
     every tier shedding                           -> Overloaded(reason="queue_full" | "deadline")
 
@@ -37,6 +46,7 @@ from gateway.routing.backends import BackendState
 from gateway.routing.balancer import Outcome, Router
 from gateway.routing.config import RoutingSettings
 from gateway.routing.hedge import HedgePolicy, race
+from gateway.upstream.retry import RetryBudget, RetryPolicy
 from gateway.upstream.transport import (
     ConnectError,
     ReadTimeout,
@@ -91,6 +101,17 @@ class RawResult:
 
 
 @dataclass(frozen=True, slots=True)
+class _Send:
+    """What every try of one request sends, and its try number."""
+
+    path: str
+    body: bytes
+    request_id: str
+    deadline: float
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
 class _Reply:
     status: int
     body: bytes
@@ -119,6 +140,10 @@ class Upstream:
         self._observer: Observer = observer or NullObserver()
         self._clock = clock
         self._hedge = HedgePolicy(settings) if settings.hedge_after_p95 else None
+        self._policy = RetryPolicy.from_settings(settings)
+        self.budget = RetryBudget(percent=settings.retry_budget_percent,
+                                  min_concurrency=settings.retry_budget_min_concurrency)
+        """The retry budget: requests and retries in flight."""
 
     def ready(self) -> bool:
         """At least one backend passes its health checks."""
@@ -194,25 +219,53 @@ class Upstream:
         self, path: str, body: bytes, *, request_id: str, deadline: float,
         decode: Callable[[_Reply], T], who: _Who = (PUBLIC, INTERACTIVE),
     ) -> T:
+        self.budget.active += 1
+        try:
+            return await self._tries(path, body, request_id, deadline, decode, who)
+        finally:
+            self.budget.active -= 1
+
+    async def _tries(
+        self, path: str, body: bytes, request_id: str, deadline: float,
+        decode: Callable[[_Reply], T], who: _Who,
+    ) -> T:
+        """The first try, then retries while the policy, the deadline, an untried backend and
+        the budget allow; the last try's error when they stop."""
         tried: list[BackendState] = []
         last: Retryable | None = None
-        for attempt in range(2 if self._settings.retry else 1):
-            admitted = await self._admit(deadline, tried, who)
-            if admitted is None and last is not None and last.reason == "conn_error":
-                # A lone backend may just have dropped a stale keep-alive connection.
-                admitted = await self._admit(deadline, (), who)
-            if admitted is None:
-                if last is not None:
+        attempt = 1
+        while True:
+            exclude: Sequence[BackendState] = tried
+            if last is not None:
+                if (attempt > self._policy.num_retries + 1
+                        or not self._policy.retries(last.reason) or self._clock() >= deadline):
                     break
-                self._shed("no_backend")
-                raise Overloaded("no backend available", reason="no_backend")
-            if attempt and last is not None:
-                self._observer.retry(last.reason)
+                if self._router.pick(tried) is None:
+                    if last.reason != "reset":
+                        break
+                    # The one backend left may just have dropped a stale keep-alive connection:
+                    # the only case where a retry goes back to a backend already tried.
+                    exclude = ()
+                if not self.budget.try_acquire():
+                    self._observer.retry_overflow(last.reason)
+                    break
             try:
-                return await self._call(admitted, tried, path, body, request_id, deadline, decode)
+                admitted = await self._admit(deadline, exclude, who)
+                if admitted is None:
+                    if last is not None:
+                        break
+                    self._shed("no_backend")
+                    raise Overloaded("no backend available", reason="no_backend")
+                if last is not None:
+                    self._observer.retry(last.reason)
+                return await self._call(admitted, tried, path, body, request_id, deadline,
+                                        decode, attempt)
             except Retryable as exc:
                 last = exc
-        assert last is not None
+            finally:
+                if attempt > 1:
+                    self.budget.release()
+            attempt += 1
         if isinstance(last.error, Overloaded):
             self._shed(last.error.reason)
         raise last.error
@@ -252,12 +305,14 @@ class Upstream:
     async def _call(
         self, admitted: tuple[BackendState, Slot], tried: list[BackendState], path: str,
         body: bytes, request_id: str, deadline: float, decode: Callable[[_Reply], T],
+        attempt: int,
     ) -> T:
         state, slot = admitted
         tried.append(state)
+        send = _Send(path, body, request_id, deadline, attempt)
         hedge_delay = self._hedge.delay(self._router.tier_of(state)) if self._hedge else None
         if hedge_delay is None:
-            return await self._attempt(state, slot, path, body, request_id, deadline, decode)
+            return await self._attempt(state, slot, send, decode)
         slots = [slot]
 
         def spawn_hedge() -> Coroutine[Any, Any, T] | None:
@@ -271,42 +326,43 @@ class Upstream:
             tried.append(second)
             slots.append(hedge_slot)
             self._observer.hedge()
-            return self._attempt(second, hedge_slot, path, body, request_id, deadline, decode)
+            return self._attempt(second, hedge_slot, send, decode)
 
         try:
-            return await race(
-                self._attempt(state, slot, path, body, request_id, deadline, decode),
-                hedge_delay, spawn_hedge,
-            )
+            return await race(self._attempt(state, slot, send, decode), hedge_delay, spawn_hedge)
         finally:
             for held in slots:  # a copy cancelled before it ran never released its slot
                 held.release(observe=False)
 
     async def _attempt(
-        self, state: BackendState, slot: Slot, path: str, body: bytes, request_id: str,
-        deadline: float, decode: Callable[[_Reply], T],
+        self, state: BackendState, slot: Slot, send: _Send, decode: Callable[[_Reply], T],
     ) -> T:
-        """One call to one backend; owns ``slot`` and the router's in-flight count for it."""
+        """One try at one backend; owns ``slot`` and the router's in-flight count for it."""
         self._router.on_start(state)
         start = self._clock()
         outcome: Outcome = "cancelled"
         try:
-            left = deadline - start
+            left = send.deadline - start
             if left <= 0:
                 raise DeadlineExceeded("deadline passed before the request reached a backend")
+            per_try = self._settings.per_try_timeout_s
+            allowed = min(left, per_try)  # this try's time: the per-try timeout, or less
             headers = {
-                "Content-Type": "application/json", "X-Request-Id": request_id,
-                "X-Request-Timeout-Ms": str(max(1, int(left * 1000))),
+                "Content-Type": "application/json", "X-Request-Id": send.request_id,
+                "X-Request-Timeout-Ms": str(max(1, int(allowed * 1000))),
+                "X-Attempt-Count": str(send.attempt),
             }
-            scope = asyncio.timeout(left)
+            scope = asyncio.timeout(allowed)
             try:
                 async with scope:
                     sent = await self._transport.send(
-                        Request("POST", state.url + path, body, headers),
-                        timeout_s=self._settings.read_timeout_s)
+                        Request("POST", state.url + send.path, send.body, headers),
+                        timeout_s=per_try)
                 reply = _Reply(sent.status, sent.body, sent.headers, state, self._clock() - start)
             except (TransportError, TimeoutError) as exc:
-                outcome = classify_exception(exc, deadline_passed=scope.expired())
+                # Past the deadline it is the client's time that ran out, not the backend's.
+                deadline_passed = scope.expired() and left <= per_try
+                outcome = classify_exception(exc, deadline_passed=deadline_passed)
                 raise exception_error(state.name, outcome, exc) from None
             outcome, error = status_outcome(reply.status, reply.headers, reply.body, state.name)
             if error is not None:

@@ -8,8 +8,13 @@ pipeline are tested without sockets or subprocesses.
 aiohttp's exceptions stop here; the client only ever sees this tree::
 
     TransportError          the exchange failed in some other way
-    ├── ConnectError        refused, reset or dropped before a complete answer; connect timeout
-    └── ReadTimeout         connected, but no complete answer within the read timeout
+    ├── ConnectError        no complete answer: the connection failed or was dropped
+    │   ├── ConnectFailed   it could not be made: refused, unreachable, connect timeout
+    │   └── Reset           made, then reset or closed before a complete answer
+    └── ReadTimeout         connected, but no complete answer within the timeout
+
+The retry policy tells the two kinds of ``ConnectError`` apart as Envoy's ``retry_on`` does
+(``connect-failure``, ``reset``).
 
 Cancellation (the caller's deadline) passes through untouched.
 """
@@ -28,7 +33,15 @@ class TransportError(Exception):
 
 
 class ConnectError(TransportError):
-    """No complete answer: the connection was refused, reset or timed out while connecting."""
+    """No complete answer: the connection failed or was dropped (see the subclasses)."""
+
+
+class ConnectFailed(ConnectError):
+    """The connection could not be made: refused, unreachable, or the connect timed out."""
+
+
+class Reset(ConnectError):
+    """Connected, then the connection was reset or closed before a complete answer."""
 
 
 class ReadTimeout(TransportError):
@@ -89,11 +102,13 @@ class AiohttpTransport(Transport):
                                             headers=request.headers, timeout=timeout) as resp:
                 return Reply(resp.status, await resp.read(), resp.headers)
         except aiohttp.ConnectionTimeoutError as exc:
-            raise ConnectError(f"connect timeout: {type(exc).__name__}") from None
+            raise ConnectFailed(f"connect timeout: {type(exc).__name__}") from None
         except TimeoutError as exc:  # aiohttp's total/read timeouts
             raise ReadTimeout(type(exc).__name__) from None
+        except aiohttp.ClientConnectorError as exc:
+            raise ConnectFailed(type(exc).__name__) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise ConnectError(type(exc).__name__) from None
+            raise Reset(type(exc).__name__) from None
         except aiohttp.ClientError as exc:
             raise TransportError(type(exc).__name__) from None
 

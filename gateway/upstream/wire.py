@@ -18,12 +18,18 @@ import numpy as np
 import orjson
 
 from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, Overloaded
-from gateway.routing.balancer import Outcome
-from gateway.upstream.transport import ConnectError, ReadTimeout
+from gateway.routing.outlier import Outcome
+from gateway.upstream.transport import ConnectError, ReadTimeout, Reset
 
 
 class Retryable(Exception):
-    """An attempt failed in a way another backend may not (refused, reset, 503)."""
+    """An attempt failed in a way another backend may not; whether it is retried is the retry
+    policy's call (gateway/upstream/retry.py).
+
+    ``reason`` names the failure as the retry metrics do: ``connect_failure``, ``reset``,
+    ``per_try_timeout`` or ``http_<status>`` (a 5xx answer); ``error`` is what the client gets
+    when it is not retried.
+    """
 
     def __init__(self, reason: str, error: GatewayError) -> None:
         super().__init__(error.message)
@@ -199,9 +205,13 @@ def exception_error(backend: str, outcome: Outcome, exc: BaseException) -> Excep
     if outcome == "cancelled":
         return DeadlineExceeded("deadline passed while waiting for the backend")
     if outcome == "timeout":
-        return DeadlineExceeded(f"backend {backend} did not answer within the read timeout")
+        return Retryable("per_try_timeout", DeadlineExceeded(
+            f"backend {backend} did not answer within the per-try timeout"))
     if outcome == "conn_error":
-        return Retryable("conn_error", BadGateway(
+        if isinstance(exc, Reset):
+            return Retryable("reset", BadGateway(
+                f"backend {backend} dropped the connection: {type(exc).__name__}"))
+        return Retryable("connect_failure", BadGateway(
             f"could not reach backend {backend}: {type(exc).__name__}"))
     return BadGateway(f"backend {backend} failed: {type(exc).__name__}")
 
@@ -211,16 +221,25 @@ def status_outcome(
 ) -> tuple[Outcome, Exception | None]:
     """How a complete HTTP answer counts for the router, and the error unless it is usable.
 
-    2xx and 4xx count as "ok": the backend is alive and answering.
+    2xx and 4xx count as "ok": the backend is alive and answering (a 4xx is the request's
+    fault, never retried). A 5xx is ``Retryable`` (the retry policy decides): 503 is the
+    backend shedding load ("overloaded", 503 with its ``Retry-After`` to the client), 502 and
+    504 are gateway failures, as a proxy in front of a dead or frozen model server answers.
     """
+    if 200 <= status < 300 or 400 <= status < 500:
+        return "ok", None
+    reason = f"http_{status}"
     if status == 503:
-        return "overloaded", Retryable("overloaded", Overloaded(
+        return "overloaded", Retryable(reason, Overloaded(
             f"backend {backend} is overloaded", reason="backend_overloaded",
             retry_after_s=retry_after(headers),
         ))
-    if status == 504:  # the backend's own queue deadline fired: overload, not breakage
-        return "overloaded", DeadlineExceeded(
-            f"backend {backend} dropped the request: deadline passed in its queue")
-    if 200 <= status < 300 or 400 <= status < 500:
-        return "ok", None
-    return "error", BadGateway(f"backend {backend} answered {status}: {error_message(body)}")
+    if status == 504:
+        return "gateway_error", Retryable(reason, DeadlineExceeded(
+            f"backend {backend} answered 504: {error_message(body)}"))
+    error = BadGateway(f"backend {backend} answered {status}: {error_message(body)}")
+    if status == 502:
+        return "gateway_error", Retryable(reason, error)
+    if 500 <= status < 600:
+        return "error", Retryable(reason, error)
+    return "error", error

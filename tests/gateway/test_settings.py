@@ -199,6 +199,8 @@ def sample(setting: Setting) -> tuple[object, object, str]:
         "batch.redis_url": ("redis://batch.example:6379/1",) * 3,
         "logging.level": ("DEBUG", "DEBUG", "debug"),
         "logging.access_log": ("sampled", "sampled", "sampled"),
+        "routing.retry_on": (("5xx", "reset"), ["5xx", "reset"], "5xx,reset"),
+        "routing.retriable_status_codes": ((502, 504), [502, 504], "502,504"),
     }
     if setting.path in special:
         return special[setting.path]

@@ -50,8 +50,8 @@ async def test_connection_refused_is_retried_on_another_backend(build: Build,
     rig = await build([(dead, "a"), (alive, "b")])
     result = await rig.embed()
     assert result.zone == "b"
-    assert rig.metric("gateway_upstream_retries_total", reason="conn_error") == 1
-    assert rig.router.states[0].consecutive_failures == 1
+    assert rig.metric("gateway_upstream_retries_total", reason="connect_failure") == 1
+    assert rig.router.states[0].consecutive_gateway_failures == 1
 
     no_retry = await build([(dead, "a"), (alive, "b")], retry=False)
     with pytest.raises(BadGateway, match="could not reach"):
@@ -65,8 +65,8 @@ async def test_backend_503_is_retried_and_503_everywhere_sheds_with_retry_after(
     busy.overloaded = True
     rig = await build([(busy, "a"), (spare, "b")])
     assert (await rig.embed()).zone == "b"
-    assert rig.metric("gateway_upstream_retries_total", reason="overloaded") == 1
-    assert rig.router.states[0].consecutive_failures == 0  # backpressure is not breakage
+    assert rig.metric("gateway_upstream_retries_total", reason="http_503") == 1
+    assert rig.router.states[0].consecutive_5xx == 0  # backpressure is not breakage
 
     spare.overloaded = True
     with pytest.raises(Overloaded) as info:
@@ -85,7 +85,7 @@ async def test_bad_answers_are_502_and_not_retried(build: Build, fakes: Any, kno
         await rig.embed(["x", "y"])
     assert info.value.status == 502
     assert good.infer_requests == 0
-    assert rig.router.states[0].consecutive_failures == 1
+    assert rig.router.states[0].consecutive_5xx == 1
 
 
 async def test_backend_errors_map_to_502_with_its_message(build: Build, fakes: Any) -> None:
@@ -94,11 +94,11 @@ async def test_backend_errors_map_to_502_with_its_message(build: Build, fakes: A
     backend.error_status = 400
     with pytest.raises(BadGateway, match="fake error 400"):
         await rig.embed()
-    assert rig.router.states[0].consecutive_failures == 0  # a 4xx is our bug, not its failure
+    assert rig.router.states[0].consecutive_5xx == 0  # a 4xx is our bug, not its failure
     backend.error_status = 500
     with pytest.raises(BadGateway, match="answered 500"):
         await rig.embed()
-    assert rig.router.states[0].consecutive_failures == 1
+    assert rig.router.states[0].consecutive_5xx == 1
 
 
 async def test_deadline_with_a_hanging_backend_is_504_and_cancels_the_call(
@@ -115,7 +115,7 @@ async def test_deadline_with_a_hanging_backend_is_504_and_cancels_the_call(
         await asyncio.sleep(0.01)
     assert backend.cancelled == 1
     assert rig.router.states[0].inflight == 0 and rig.admission.inflight("zone") == 0
-    assert rig.router.states[0].consecutive_failures == 0  # the client's deadline, not a fault
+    assert rig.router.states[0].consecutive_5xx == 0  # the client's deadline, not a fault
 
 
 async def test_read_timeout_is_504_and_counts_against_the_backend(build: Build,
@@ -123,9 +123,9 @@ async def test_read_timeout_is_504_and_counts_against_the_backend(build: Build,
     backend = await fakes()
     backend.hang = True
     rig = await build([(backend, "a")], read_timeout_s=0.2)
-    with pytest.raises(DeadlineExceeded, match="read timeout"):
+    with pytest.raises(DeadlineExceeded, match="per-try timeout"):
         await rig.embed(timeout_s=5.0)
-    assert rig.router.states[0].consecutive_failures == 1
+    assert rig.router.states[0].consecutive_gateway_failures == 1
 
 
 async def test_deadline_expiring_in_the_queue_never_reaches_the_backend(
@@ -197,7 +197,7 @@ async def test_killing_the_near_backend_mid_stream_fails_no_request(build: Build
     near, far = await fakes(), await fakes()
     near.delay_s = far.delay_s = 0.005
     rig = await build([(near, "a"), (far, "b")], health_interval_s=0.1, health_timeout_s=0.5,
-                      base_ejection_s=0.3, eject_after_failures=2)
+                      base_ejection_s=0.3, consecutive_gateway_failure=2)
     checker = HealthChecker(rig.router, rig.transport.session, rig.settings, models=("minilm",))
     await checker.start()
     served: dict[int, str] = {}

@@ -7,7 +7,13 @@ import orjson
 import pytest
 
 from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
-from gateway.upstream.transport import ConnectError, ReadTimeout, TransportError
+from gateway.upstream.transport import (
+    ConnectError,
+    ConnectFailed,
+    ReadTimeout,
+    Reset,
+    TransportError,
+)
 from gateway.upstream.wire import (
     Retryable,
     classify_exception,
@@ -153,21 +159,37 @@ def test_small_header_and_body_helpers() -> None:
 
 def test_status_and_exception_mapping() -> None:
     outcome, error = status_outcome(503, {"Retry-After": "4"}, b"", "b1")
-    assert outcome == "overloaded" and isinstance(error, Retryable)
+    assert outcome == "overloaded" and isinstance(error, Retryable) and error.reason == "http_503"
     assert isinstance(error.error, Overloaded) and error.error.retry_after_s == 4.0
     outcome, error = status_outcome(504, {}, b"", "b1")
-    assert outcome == "overloaded" and isinstance(error, DeadlineExceeded)
+    assert outcome == "gateway_error" and isinstance(error, Retryable)
+    assert error.reason == "http_504" and isinstance(error.error, DeadlineExceeded)
+    outcome, error = status_outcome(502, {}, b"bad gateway", "b1")
+    assert outcome == "gateway_error" and isinstance(error, Retryable)
+    assert error.reason == "http_502" and isinstance(error.error, BadGateway)
     assert status_outcome(200, {}, b"", "b1") == ("ok", None)
-    assert status_outcome(404, {}, b"", "b1") == ("ok", None)
+    assert status_outcome(404, {}, b"", "b1") == ("ok", None)  # the request's fault: no retry
+    assert status_outcome(429, {}, b"", "b1") == ("ok", None)
     outcome, error = status_outcome(500, {}, b'{"error": "boom"}', "b1")
-    assert outcome == "error" and isinstance(error, BadGateway) and "boom" in error.message
+    assert outcome == "error" and isinstance(error, Retryable) and error.reason == "http_500"
+    assert isinstance(error.error, BadGateway) and "boom" in error.error.message
+    outcome, error = status_outcome(302, {}, b"", "b1")  # not an answer, not retried
+    assert outcome == "error" and isinstance(error, BadGateway)
 
     assert classify_exception(TimeoutError(), deadline_passed=True) == "cancelled"
     assert classify_exception(TimeoutError(), deadline_passed=False) == "timeout"
     assert classify_exception(ReadTimeout(), deadline_passed=False) == "timeout"
     assert classify_exception(ConnectError(), deadline_passed=False) == "conn_error"
+    assert classify_exception(Reset(), deadline_passed=False) == "conn_error"
     assert classify_exception(ConnectError(), deadline_passed=True) == "cancelled"
     assert classify_exception(TransportError(), deadline_passed=False) == "error"
-    assert isinstance(exception_error("b1", "conn_error", OSError()), Retryable)
-    assert isinstance(exception_error("b1", "timeout", OSError()), DeadlineExceeded)
+    reasons = {
+        "connect_failure": exception_error("b1", "conn_error", ConnectFailed()),
+        "reset": exception_error("b1", "conn_error", Reset()),
+        "per_try_timeout": exception_error("b1", "timeout", ReadTimeout()),
+    }
+    for reason, found in reasons.items():
+        assert isinstance(found, Retryable) and found.reason == reason
+    assert isinstance(reasons["per_try_timeout"].error, DeadlineExceeded)
+    assert isinstance(exception_error("b1", "cancelled", OSError()), DeadlineExceeded)
     assert isinstance(exception_error("b1", "error", OSError()), BadGateway)

@@ -135,12 +135,13 @@ def test_unobserved_backend_compares_on_load_not_as_free() -> None:
     assert all(router.pick() is seen for _ in range(20))
 
 
-def test_ejection_after_consecutive_failures_doubles_and_caps() -> None:
+def test_ejection_after_consecutive_gateway_failures_doubles_and_caps() -> None:
     clock = FakeClock()
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
     router = router_for([spec(1), spec(2), spec(3)], clock, metrics=metrics,
-                        eject_after_failures=3, base_ejection_s=2.0, max_ejection_s=5.0)
+                        consecutive_gateway_failure=3, base_ejection_s=2.0,
+                        max_ejection_s=5.0)
     bad = router.states[0]
     fail(router, bad, 2)
     router.on_start(bad)
@@ -154,7 +155,8 @@ def test_ejection_after_consecutive_failures_doubles_and_caps() -> None:
     labels = {"backend": bad.name, "zone": "a"}
     assert registry.get_sample_value("gateway_backend_healthy", labels) == 0.0
     assert registry.get_sample_value(
-        "gateway_backend_ejections_total", {"backend": bad.name}) == 1.0
+        "gateway_backend_ejections_total",
+        {"backend": bad.name, "cause": "consecutive_gateway_failure"}) == 1.0
 
     clock.now += 2.0
     assert bad.available(clock())
@@ -196,11 +198,12 @@ def test_never_ejects_past_max_percent_nor_the_last_backend() -> None:
 
 def test_overload_and_cancellation_do_not_count_toward_ejection() -> None:
     clock = FakeClock()
-    router = router_for([spec(1), spec(2)], clock, eject_after_failures=2)
+    router = router_for([spec(1), spec(2)], clock, consecutive_gateway_failure=2,
+                        consecutive_5xx=2)
     state = router.states[0]
     fail(router, state, 5, "overloaded")
     fail(router, state, 5, "cancelled")
-    assert state.consecutive_failures == 0
+    assert state.consecutive_gateway_failures == state.consecutive_5xx == 0
     assert state.available(clock())
     assert state.inflight == 0
 

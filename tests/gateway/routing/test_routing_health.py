@@ -103,7 +103,7 @@ async def test_health_success_does_not_cut_an_ejection_short(
     session: aiohttp.ClientSession,
 ) -> None:
     async with FakeBackend() as a, FakeBackend() as b:
-        router, settings = setup([a, b], eject_after_failures=1, base_ejection_s=30.0)
+        router, settings = setup([a, b], consecutive_5xx=1, base_ejection_s=30.0)
         checker = HealthChecker(router, session, settings, models=MODELS)
         state = router.states[0]
         router.on_start(state)
