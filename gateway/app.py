@@ -43,6 +43,8 @@ from gateway.routing.health import HealthChecker
 from gateway.settings import Settings
 from gateway.tenants import Tenants
 from gateway.upstream import AiohttpTransport, Upstream
+from gateway.upstream.grpc import GrpcTransport
+from gateway.upstream.transport import SchemeTransport
 
 log = logging.getLogger("gateway")
 
@@ -131,8 +133,11 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         settings = app[state.SETTINGS]
         router = app[state.ROUTER]
-        transport = AiohttpTransport.create(pool_size=settings.routing.pool_size,
-                                            connect_timeout_s=settings.routing.connect_timeout_s)
+        http = AiohttpTransport.create(pool_size=settings.routing.pool_size,
+                                       connect_timeout_s=settings.routing.connect_timeout_s)
+        grpc = GrpcTransport(connect_timeout_s=settings.routing.connect_timeout_s)
+        # Each backend by its URL's scheme: http(s):// over the session, grpc:// over gRPC.
+        transport = SchemeTransport({"http": http, "https": http, "grpc": grpc})
         policies = app[state.POLICIES]
         await policies.reload()
         await policies.start()
@@ -144,7 +149,7 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
         upstream = Upstream(transport, router, admission, settings.routing,
                             observer=app[state.OBSERVER])
         app[state.UPSTREAM] = upstream
-        health = HealthChecker(router, transport.session, settings.routing,
+        health = HealthChecker(router, transport, settings.routing,
                                models=settings.models)
         await health.start()
         app[state.ACCESS_LOG].start()

@@ -22,7 +22,9 @@ class BackendSpec:
     """One backend: its base URL and its locality (an item of the top-level ``backends``)."""
 
     url: str
-    """``http://host:port`` (or https) of an OIP v2 server; a trailing slash is dropped."""
+    """``http://host:port`` (or https) of an OIP v2 REST server, or ``grpc://host:port`` of an
+    OIP v2 gRPC one (``inference.GRPCInferenceService``: the backend's ``--grpc-port``); a
+    trailing slash is dropped."""
     region: str = "local"
     """The backend's region; compared with the gateway's own to pick a tier."""
     zone: str = "local"
@@ -35,14 +37,17 @@ class BackendSpec:
             raise SettingsError(f"url: must be a string (got {self.url!r})")
         url = self.url.rstrip("/")
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SettingsError(f"url: must look like http://host:port (got {self.url!r})")
+        if parts.scheme not in ("http", "https", "grpc") or not parts.hostname:
+            raise SettingsError(f"url: must look like http://host:port or grpc://host:port "
+                                f"(got {self.url!r})")
         if parts.path or parts.query or parts.fragment:
             raise SettingsError(f"url: must have no path or query (got {self.url!r})")
         try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
+            port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
         except ValueError:
             raise SettingsError(f"url: has a bad port (got {self.url!r})") from None
+        if port is None:  # gRPC has no default port
+            raise SettingsError(f"url: a grpc:// URL needs its port (got {self.url!r})")
         check.label("region", self.region)
         check.label("zone", self.zone)
         if self.name is not None:

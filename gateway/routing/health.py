@@ -1,6 +1,7 @@
 """Active health checks on the OIP readiness route, and model versions from OIP metadata.
 
-Every ``health_interval_s`` each backend gets ``GET /v2/health/ready``. A refused connection or a
+Every ``health_interval_s`` each backend gets ``GET /v2/health/ready`` (through the upstream
+transport: over gRPC, ``ServerReady``). A refused connection or a
 non-200 answer marks it unhealthy at once (nothing listens, or it says it is not ready); timeouts
 and other errors must repeat ``unhealthy_threshold`` times, so one slow answer under load does
 not move traffic, except for a backend that has not been ready once since the gateway started
@@ -30,6 +31,15 @@ import orjson
 from gateway.routing.backends import BackendState
 from gateway.routing.balancer import Router, version_sort_key
 from gateway.routing.config import RoutingSettings
+from gateway.upstream.transport import (
+    AiohttpTransport,
+    ConnectFailed,
+    ConnectTimeout,
+    ReadTimeout,
+    Request,
+    Transport,
+    TransportError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,18 +71,20 @@ class HealthChecker:
     def __init__(
         self,
         router: Router,
-        session: aiohttp.ClientSession,
+        transport: Transport | aiohttp.ClientSession,
         settings: RoutingSettings,
         *,
         models: Sequence[str],
         on_version_change: VersionCallback | None = None,
     ) -> None:
         self._router = router
-        self._session = session
+        # Probes go through the transport seam, so a grpc:// backend gets ServerReady and
+        # ModelMetadata calls on its channel; a bare session (as tests pass) is wrapped.
+        self._transport = transport if isinstance(transport, Transport) else AiohttpTransport(
+            transport, connect_timeout_s=settings.connect_timeout_s)
         self._settings = settings
         self._models = tuple(models)  # whose versions to read from each backend
         self._on_version_change = on_version_change
-        self._timeout = aiohttp.ClientTimeout(total=settings.health_timeout_s)
         self._task: asyncio.Task[None] | None = None
         self._seen_ready: set[BackendState] = set()  # ready at least once since start
 
@@ -152,35 +164,35 @@ class HealthChecker:
     def _fields(state: BackendState) -> dict[str, str]:
         return {"backend": state.name, "zone": state.spec.zone}
 
+    async def _get(self, url: str) -> tuple[int, bytes]:
+        timeout_s = self._settings.health_timeout_s
+        async with asyncio.timeout(timeout_s):
+            reply = await self._transport.send(Request("GET", url), timeout_s=timeout_s)
+        return reply.status, reply.body
+
     async def _probe(self, state: BackendState) -> _Verdict:
         try:
-            async with self._session.get(
-                f"{state.url}/v2/health/ready", timeout=self._timeout
-            ) as resp:
-                await resp.read()
-                if resp.status == 200:
-                    return _Probe.OK, ""
-                return _Probe.DOWN, f"readiness answered HTTP {resp.status}"
-        except aiohttp.ClientConnectorError:
-            return _Probe.DOWN, "connection refused or unreachable"
-        except TimeoutError:
+            status, _ = await self._get(f"{state.url}/v2/health/ready")
+            if status == 200:
+                return _Probe.OK, ""
+            return _Probe.DOWN, f"readiness answered HTTP {status}"
+        except (ConnectTimeout, ReadTimeout, TimeoutError):
             return _Probe.FLAKY, "readiness check timed out"
-        except (aiohttp.ClientError, OSError) as exc:
+        except ConnectFailed:
+            return _Probe.DOWN, "connection refused or unreachable"
+        except (TransportError, OSError) as exc:
             return _Probe.FLAKY, f"readiness check failed ({type(exc).__name__})"
 
     async def _version(self, state: BackendState, model: str) -> str | _Unknown | None:
         """The highest version the backend lists for ``model``; None if it does not serve it."""
         try:
-            async with self._session.get(
-                f"{state.url}/v2/models/{model}", timeout=self._timeout
-            ) as resp:
-                body = await resp.read()
-                if resp.status == 404:
-                    return None
-                if resp.status != 200:
-                    return _UNKNOWN
+            status, body = await self._get(f"{state.url}/v2/models/{model}")
+            if status == 404:
+                return None
+            if status != 200:
+                return _UNKNOWN
             meta = orjson.loads(body)
-        except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError):
+        except (TransportError, TimeoutError, OSError, orjson.JSONDecodeError):
             return _UNKNOWN
         versions = meta.get("versions") if isinstance(meta, dict) else None
         if not isinstance(versions, list):

@@ -2,14 +2,17 @@
 
 One small interface, as httpx has it: ``Transport.send`` (one request, one complete answer) and
 ``close``. ``AiohttpTransport`` is production (one pooled keep-alive ``ClientSession``);
+``GrpcTransport`` (grpc.py) carries the same exchanges to ``grpc://`` backends and
+``SchemeTransport`` picks one of them per request by the backend URL's scheme;
 ``MemoryTransport`` answers from a Python function, so routing, failover, retries and the
 pipeline are tested without sockets or subprocesses.
 
-aiohttp's exceptions stop here; the client only ever sees this tree::
+aiohttp's and grpcio's exceptions stop here; the client only ever sees this tree::
 
     TransportError          the exchange failed in some other way
     ├── ConnectError        no complete answer: the connection failed or was dropped
     │   ├── ConnectFailed   it could not be made: refused, unreachable, connect timeout
+    │   │   └── ConnectTimeout  ... because the connect timed out (a slow host, not a dead one)
     │   └── Reset           made, then reset or closed before a complete answer
     └── ReadTimeout         connected, but no complete answer within the timeout
 
@@ -38,6 +41,11 @@ class ConnectError(TransportError):
 
 class ConnectFailed(ConnectError):
     """The connection could not be made: refused, unreachable, or the connect timed out."""
+
+
+class ConnectTimeout(ConnectFailed):
+    """The connection was not made within the connect timeout: the health checker counts it as
+    a timeout (maybe a slow host), not as a refusal (surely a dead one)."""
 
 
 class Reset(ConnectError):
@@ -102,7 +110,7 @@ class AiohttpTransport(Transport):
                                             headers=request.headers, timeout=timeout) as resp:
                 return Reply(resp.status, await resp.read(), resp.headers)
         except aiohttp.ConnectionTimeoutError as exc:
-            raise ConnectFailed(f"connect timeout: {type(exc).__name__}") from None
+            raise ConnectTimeout(f"connect timeout: {type(exc).__name__}") from None
         except TimeoutError as exc:  # aiohttp's total/read timeouts
             raise ReadTimeout(type(exc).__name__) from None
         except aiohttp.ClientConnectorError as exc:
@@ -114,6 +122,26 @@ class AiohttpTransport(Transport):
 
     async def close(self) -> None:
         await self.session.close()
+
+
+class SchemeTransport(Transport):
+    """Sends each request through the transport of its URL's scheme (``http``/``https``:
+    ``AiohttpTransport``, ``grpc``: ``GrpcTransport``), so each backend keeps its protocol
+    behind the one transport the client and the health checker hold."""
+
+    def __init__(self, by_scheme: Mapping[str, Transport]) -> None:
+        self.by_scheme = dict(by_scheme)
+
+    async def send(self, request: Request, *, timeout_s: float) -> Reply:
+        scheme, _, _ = request.url.partition("://")
+        transport = self.by_scheme.get(scheme)
+        if transport is None:
+            raise TransportError(f"no transport for {scheme}:// URLs")
+        return await transport.send(request, timeout_s=timeout_s)
+
+    async def close(self) -> None:
+        for transport in dict.fromkeys(self.by_scheme.values()):  # each one once
+            await transport.close()
 
 
 Handler = Callable[[Request], Awaitable[Reply]]
