@@ -249,6 +249,25 @@ async def test_a_directory_from_before_a_host_restart_starts_empty(
     assert after._store.env.flags()["sync"] is False
 
 
+async def test_max_bytes_lowered_starts_the_directory_afresh_and_it_keeps_working(
+        open_node: Factory, tmp_path: Path) -> None:
+    """LMDB never shrinks its file; a map smaller than the data could not even rotate."""
+    now = time.time()
+    big = open_node(max_bytes=16 * MiB)
+    for start in range(0, 2000, 200):
+        await big.set_many([(k(f"t{i}"), entry(bytes(1500), now))
+                            for i in range(start, start + 200)])
+    await big.close()
+    data = tmp_path / "node" / "data.mdb"
+    assert data.stat().st_size > 2 * MiB
+    small = open_node(max_bytes=2 * MiB)
+    assert await small.get_many([k("t0")]) == [None]
+    for start in range(0, 3000, 200):
+        assert await small.store([(k(f"u{i}"), entry(bytes(1500), now))
+                                  for i in range(start, start + 200)]) == 200
+    assert data.stat().st_size <= 2 * MiB
+
+
 async def test_without_a_boot_id_commits_fsync(open_node: Factory,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lmdbenv, "BOOT_ID", Path("/nonexistent/boot_id"))

@@ -114,6 +114,14 @@ def stream_unique(path: str, me: int, count: int) -> None:
     asyncio.run(main())
 
 
+def hold_open(path: str, opened: Event, release: Event) -> None:
+    """Keep the directory open (as a running worker does) until ``release``."""
+    store = GenerationStore(path, 16 * MiB)
+    opened.set()
+    release.wait(timeout=60)
+    store.close()
+
+
 # -- the tests -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -248,3 +256,32 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_directory_in_use_is_never_started_afresh(
+        ctx: ForkServerContext, procs: list[BaseProcess], tmp_path: Path) -> None:
+    """Lowering max_bytes must not wipe files another running process has mapped."""
+    path = str(tmp_path / "node")
+    store = GenerationStore(path, 16 * MiB)
+    texts = [f"kept {i}" for i in range(2000)]
+    for first in range(0, len(texts), 200):
+        store.write([(encode_key(k(t)) or b"", pack(time.time() + 60, make_entry(t).encode()))
+                     for t in texts[first:first + 200]], [])
+    store.close()
+    assert (tmp_path / "node" / "data.mdb").stat().st_size > 2 * MiB
+    opened, release = ctx.Event(), ctx.Event()
+    holder = start(ctx, procs, hold_open, path, opened, release)
+    assert opened.wait(timeout=30)
+    small = GenerationStore(path, 2 * MiB)  # another process holds it: no wipe
+    try:
+        assert small.used_bytes()[1] == len(texts)
+    finally:
+        small.close()
+        release.set()
+        holder.join(timeout=30)
+    assert holder.exitcode == 0
+    alone = GenerationStore(path, 2 * MiB)  # alone now: started afresh
+    try:
+        assert alone.used_bytes()[1] == 0
+    finally:
+        alone.close()
