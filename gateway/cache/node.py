@@ -103,10 +103,6 @@ class NodeCache:
         self._closed = False
         self._observer.cache_bytes("node", self._store.used_bytes()[0])  # warm from a restart
 
-    @property
-    def path(self) -> str:
-        return self.settings.path
-
     def stats(self) -> NodeStats:
         used, entries = self._store.used_bytes()
         return NodeStats(used, entries, self._store.map_size)
@@ -296,25 +292,30 @@ class NodeCache:
 
     def _write_retrying(self, puts: list[tuple[KeyBytes, bytes]], promotes: list[KeyBytes],
                         deletes: list[KeyBytes]) -> tuple[WriteResult, int]:
-        """One transaction; on a full map, free room (dead readers, then a rotation, then a
-        second one that empties both generations) and try again."""
-        evicted = 0
+        """One transaction; on a full map, free room (dead readers' slots and a rotation, then a
+        second rotation, which leaves both generations empty) and try again."""
+        if sum(len(raw) + len(value) for raw, value in puts) > self._store.generation_bytes:
+            raise lmdb.MapFullError("node cache: one batch is larger than a generation")
+        evicted = rotations = 0
         for attempt in range(3):
             try:
                 result, deleted = self._store.write(puts, promotes, deletes)
             except lmdb.MapFullError:
+                if attempt == 2:
+                    raise
                 if attempt == 0:
                     self._store.reader_check()
                 freed = self._store.rotate()
                 evicted += freed.evicted
+                rotations += 1
                 log.info("node cache map full; rotated generations (%d entries evicted)",
                          freed.evicted)
                 continue
-            if evicted:
+            if rotations:
                 result = WriteResult(result.stored, result.evicted + evicted,
-                                     result.rotations + 1, result.bytes)
+                                     result.rotations + rotations, result.bytes)
             return result, deleted
-        raise lmdb.MapFullError("node cache: the batch does not fit even in an empty map")
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def _maybe_check_readers(self) -> None:
         now = time.monotonic()

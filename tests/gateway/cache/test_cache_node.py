@@ -220,6 +220,30 @@ async def test_a_batch_that_cannot_fit_is_dropped_not_raised(open_node: Factory)
     assert await node.get_many([k("small")]) == [small]
 
 
+async def test_a_full_map_rotates_and_a_pinned_snapshot_only_drops_writes(
+        open_node: Factory) -> None:
+    """A reader holding an old snapshot (a process stopped mid-read) keeps freed pages from
+    being reused: writes then fail as dropped writes, never as errors to the caller, and work
+    again once it lets go."""
+    rec = Recorder()
+    node = open_node(observer=rec, max_bytes=MiB)
+    now = time.time()
+    batch = 0
+
+    async def store() -> int:
+        nonlocal batch
+        batch += 1
+        return await node.store([(k(f"b{batch} {i}"), entry(bytes(1500), now))
+                                 for i in range(50)])
+
+    pinned = node._store.env.begin()
+    stored = [await store() for _ in range(20)]  # ~1.7 MB through a 1 MiB map
+    assert 0 in stored and rec.counts[("node", "error")] > 0
+    pinned.abort()
+    assert [await store() for _ in range(20)] == [50] * 20
+    assert rec.counts[("node", "evicted")] > 0
+
+
 async def test_entries_survive_close_and_reopen(open_node: Factory) -> None:
     now = time.time()
     first = open_node()
