@@ -10,19 +10,24 @@ Keys carry ids and tenant ids only, never request text or API keys::
     {p}:batch:{batch_id}          HASH    the batch object's fields and request counts
     {p}:batch:{batch_id}:results  HASH    line index -> "o" or "e" + the output/error JSONL line
                                           (HSETNX: the first answer for a line wins)
-    {p}:tenant:{t}:files          ZSET    the tenant's file ids, scored by expiry time
-    {p}:tenant:{t}:sizes          HASH    file id -> bytes (the tenant's stored-bytes quota)
-    {p}:tenant:{t}:batches        ZSET    the tenant's batch ids, scored by creation (listing)
-    {p}:tenant:{t}:active         SET     the tenant's unfinished batch ids (its batch limit)
+    {p}:tenant:{tag}:files          ZSET    the tenant's file ids, scored by expiry time
+    {p}:tenant:{tag}:sizes          HASH    file id -> bytes (the tenant's stored-bytes quota)
+    {p}:tenant:{tag}:batches        ZSET    the tenant's batch ids, scored by creation (listing)
+    {p}:tenant:{tag}:active         SET     the tenant's unfinished batch ids (its batch limit)
     {p}:active                    SET     every unfinished batch id (the status gauge)
 
-``{p}`` is ``{redis.key_prefix}:batch``.
+``{p}`` is ``{redis.key_prefix}-batch``: a namespace of its own beside the cache's
+``{redis.key_prefix}:{model}:...`` keys, so no model name, cache scan or purge ever meets it.
+Tenant ids appear only as their scope tag (``{tag}``, ``gateway.keys.scope_tag``), never in
+clear.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
+
+from gateway.keys import scope_tag
 
 GROUP = "workers"
 """The stream's consumer group: every gateway process is one consumer of it."""
@@ -57,7 +62,7 @@ class Keys:
     """The key names under one prefix."""
 
     def __init__(self, prefix: str) -> None:
-        self.prefix = f"{prefix}:batch"
+        self.prefix = f"{prefix}-batch"
         self.queue = f"{self.prefix}:queue"
         self.active = f"{self.prefix}:active"
 
@@ -74,13 +79,13 @@ class Keys:
         return f"{self.prefix}:batch:{batch_id}:results"
 
     def tenant_files(self, tenant: str) -> str:
-        return f"{self.prefix}:tenant:{tenant}:files"
+        return f"{self.prefix}:tenant:{scope_tag(tenant)}:files"
 
     def tenant_sizes(self, tenant: str) -> str:
-        return f"{self.prefix}:tenant:{tenant}:sizes"
+        return f"{self.prefix}:tenant:{scope_tag(tenant)}:sizes"
 
     def tenant_batches(self, tenant: str) -> str:
-        return f"{self.prefix}:tenant:{tenant}:batches"
+        return f"{self.prefix}:tenant:{scope_tag(tenant)}:batches"
 
     def tenant_active(self, tenant: str) -> str:
-        return f"{self.prefix}:tenant:{tenant}:active"
+        return f"{self.prefix}:tenant:{scope_tag(tenant)}:active"

@@ -42,7 +42,7 @@ def write_policy(folder: Path, n: int = 1, ttl: str = "1h", swr: str = "0s",
 async def redis_keys(url: str) -> list[bytes]:
     client = aioredis.from_url(url)
     try:
-        return [k async for k in client.scan_iter(match="*")]
+        return [k async for k in client.scan_iter(match="gw:v1:*")]  # the cache's keys
     finally:
         await client.aclose()
 

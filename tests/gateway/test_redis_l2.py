@@ -42,7 +42,7 @@ async def test_two_gateway_processes_share_l2(backend: BackendProc, redis_url: s
             assert first.headers["X-Cache"] == "MISS"
             # The store to L2 happens just after the response: wait until it has landed.
             for _ in range(100):
-                if len([k async for k in rc.scan_iter(match="*")]) == 2:
+                if len([k async for k in rc.scan_iter(match="gw:v1:*")]) == 2:
                     break
                 await asyncio.sleep(0.02)
             await rc.aclose()
@@ -56,7 +56,7 @@ async def test_two_gateway_processes_share_l2(backend: BackendProc, redis_url: s
         stop_process(b)
     client = aioredis.from_url(redis_url)
     try:
-        keys = [k.decode() async for k in client.scan_iter(match="*")]
+        keys = [k.decode() async for k in client.scan_iter(match="gw:v1:*")]
     finally:
         await client.aclose()
     assert len(keys) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import httpx
 
@@ -29,9 +30,16 @@ def test_two_workers_share_the_port_and_metrics(backend: BackendProc) -> None:
                                json={"model": "minilm", "input": f"worker test {i % 5}"},
                                headers={"Connection": "close"})
                 assert r.status_code == 200
-            text = http.get(f"{url}/metrics").text
-        total = metric_value(text, "gateway_requests_total", route="/v1/embeddings",
-                             status="200")
+            # Each worker hands its counts to the shared files at least once a second
+            # (gateway/tally.py); the worker that answers the scrape flushes its own first.
+            deadline = time.monotonic() + 10.0
+            while True:
+                text = http.get(f"{url}/metrics").text
+                total = metric_value(text, "gateway_requests_total", route="/v1/embeddings",
+                                     status="200")
+                if total >= 40 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
         assert total == 40, "metrics must add up across worker processes"
         assert metric_value(text, "gateway_cache_items_total", result="miss") >= 5
     finally:

@@ -55,7 +55,7 @@ def assert_each_line_once(api: openai.OpenAI, batch_id: str, rows: list[dict[str
 
 def pending_of(redis: PersistentRedis, pid: int) -> int:
     """Queue entries a gateway process (by PID) holds unacknowledged."""
-    found = redis.client().xpending("gw:v1:batch:queue", "workers")
+    found = redis.client().xpending("gw:v1-batch:queue", "workers")
     return sum(int(c["pending"]) for c in found.get("consumers", [])
                if c["name"].decode().split(":")[1] == str(pid))
 
