@@ -1,13 +1,17 @@
 """Noisy-neighbour benchmark (issue 14): tenant A floods at 5x capacity, tenant B sends 0.3x.
 
-``python -m bench tenants [--slots 4] [--service-ms 20] [--tier-queue Q] [--rounds R]
+``python -m bench tenants [--slots 4] [--service-ms 40] [--tier-queue Q] [--rounds R]
 [--duration S] [--flood X] [--quiet Y] [--quick]``
 
 Set up like ``bench overload``: the deterministic fake backend (``bench.slow_backend``,
 ``slots`` x ``service_ms``), one gateway worker on the first CPU with ``tier_concurrency`` =
 the slots, the fake and the load generator on the last one; every request a miss (unique text,
 ``Cache-Control: no-store``). A tenants file gives A and B an API key each, weight 1, no quota:
-what protects B is admission's fair share, not a rate limit. Per round:
+what protects B is admission's fair share, not a rate limit. The service time defaults to 40 ms
+(C about 80-100 req/s): 5.3x C is then about 450 req/s, which one gateway core sheds with room
+to spare on this 2-vCPU machine, so the figures measure admission, not a CPU-bound event loop
+(at 20 ms the flood would be about 900 req/s). The queue holds one waiter per slot (4): room for
+a few of B's requests arriving close together, each taking the place of one of A's. Per round:
 
 1. Capacity C: closed loop, tenant A alone, ``tier_concurrency + tier_queue`` clients.
 2. B alone at ``Y`` x C (0.3), open loop: B's baseline p99.
@@ -41,7 +45,8 @@ import orjson
 
 from bench import loadgen, openloop, services
 from bench.loadgen import LoadResult, Request
-from bench.procs import Cores, pinned, split_cores, steal_seconds
+from bench.overload import scrape
+from bench.procs import Cores, busy_seconds, pinned, split_cores, steal_seconds
 from bench.services import Server
 
 ROUTE = "/v1/embeddings"
@@ -76,8 +81,9 @@ def parse(argv: Sequence[str]) -> Plan:
     parser = argparse.ArgumentParser(prog="python -m bench tenants",
                                      description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--slots", type=int, default=4, help="fake backend slots (4)")
-    parser.add_argument("--service-ms", type=float, default=20.0, help="fake service time (20)")
-    parser.add_argument("--tier-queue", type=int, default=1, help="gateway tier_queue (1)")
+    parser.add_argument("--service-ms", type=float, default=40.0, help="fake service time (40)")
+    parser.add_argument("--tier-queue", type=int, default=4,
+                        help="gateway tier_queue (4: one per slot, room for B's bursts)")
     parser.add_argument("--timeout-ms", type=int, default=1000, help="default_timeout_ms (1000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (3)")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per phase (8)")
@@ -125,6 +131,8 @@ class Phase:
     result: LoadResult
     tenant_of: Callable[[int], str]
     steal: float
+    gateway_cpu: float = 0.0  # cores
+    other_cpu: float = 0.0  # cores used by processes outside the test (a shared machine's noise)
 
     def of(self, tenant: str) -> list[loadgen.Sample]:
         return [s for s in self.result.samples if self.tenant_of(s.index) == tenant]
@@ -143,7 +151,8 @@ class Phase:
                                    if s.status == 200], q)
 
 
-def run_rounds(plan: Plan, gateway: Server) -> tuple[list[float], list[Phase]]:
+def run_rounds(plan: Plan, gateway: Server,
+               backend: Server) -> tuple[list[float], list[Phase]]:
     """A warm-up, then per round: capacity, B alone, A's flood with B."""
     url = f"{gateway.url}{ROUTE}"
     clients = plan.slots + plan.tier_queue
@@ -158,16 +167,24 @@ def run_rounds(plan: Plan, gateway: Server) -> tuple[list[float], list[Phase]]:
             lambda i: Request(url=url, body=body(tag, i), headers=json_a),
             requests=cap, concurrency=clients, max_duration_s=plan.duration_s))
 
-    def opened(tag: str, rate: float, tenant_of: Callable[[int], str]) -> tuple[LoadResult, float]:
+    def opened(name: str, rnd: int, tag: str, rate: float,
+               tenant_of: Callable[[int], str]) -> Phase:
         def make(i: int) -> bytes:
             return openloop.request_bytes(gateway.host, gateway.port, ROUTE, body(tag, i),
                                           headers(tenant_of(i)))
-        steal0 = steal_seconds()
+        steal0, busy0 = steal_seconds(), busy_seconds()
+        gw0, fake0, own0 = (gateway.service.cpu_seconds(), backend.service.cpu_seconds(),
+                            time.process_time())
         result = openloop.run(gateway.host, gateway.port, make, rate_per_s=rate,
                               requests=int(rate * plan.duration_s),
                               max_duration_s=plan.duration_s, max_connections=1024,
                               timeout_s=plan.timeout_ms / 1000.0 + 5.0, realtime=plan.realtime)
-        return result, (steal_seconds() - steal0) / max(result.wall_s, 1e-9)
+        wall = max(result.wall_s, 1e-9)
+        gw = gateway.service.cpu_seconds() - gw0
+        ours = gw + backend.service.cpu_seconds() - fake0 + time.process_time() - own0
+        return Phase(name, rnd, rate, result, tenant_of,
+                     (steal_seconds() - steal0) / wall, gw / wall,
+                     max(0.0, busy_seconds() - busy0 - ours) / wall)
 
     with pinned(plan.cores.client):
         loadgen.run(loadgen.run_closed(
@@ -176,13 +193,11 @@ def run_rounds(plan: Plan, gateway: Server) -> tuple[list[float], list[Phase]]:
         for rnd in range(1, plan.rounds + 1):
             c = closed(f"c{rnd}").throughput
             capacities.append(c)
-            alone, steal = opened(f"b{rnd}", plan.quiet * c, lambda i: "b")
-            phases.append(Phase(f"B alone at {plan.quiet:g}x C", rnd, plan.quiet * c, alone,
-                                lambda i: "b", steal))
-            schedule = mixed_schedule(plan.flood, plan.quiet)
-            both, steal = opened(f"m{rnd}", (plan.flood + plan.quiet) * c, schedule)
-            phases.append(Phase(f"A at {plan.flood:g}x C + B at {plan.quiet:g}x C", rnd,
-                                (plan.flood + plan.quiet) * c, both, schedule, steal))
+            phases.append(opened(f"B alone at {plan.quiet:g}x C", rnd, f"b{rnd}",
+                                 plan.quiet * c, lambda i: "b"))
+            phases.append(opened(f"A at {plan.flood:g}x C + B at {plan.quiet:g}x C", rnd,
+                                 f"m{rnd}", (plan.flood + plan.quiet) * c,
+                                 mixed_schedule(plan.flood, plan.quiet)))
     return capacities, phases
 
 
@@ -206,6 +221,7 @@ def main(argv: list[str]) -> int:
     plan = parse(argv)
     capacities: list[float] = []
     phases: list[Phase] = []
+    final: dict[str, float] = {}
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     try:
         with contextlib.ExitStack() as stack:
@@ -215,16 +231,18 @@ def main(argv: list[str]) -> int:
             gateway = stack.enter_context(services.gateway(
                 backend.url, cores=plan.cores.server,
                 settings=plan.settings(str(tenants_file(work)))))
-            capacities, phases = run_rounds(plan, gateway)
+            capacities, phases = run_rounds(plan, gateway, backend)
+            final = scrape(gateway.url, {"gateway_shed_total", "gateway_tenant_requests_total"})
     except (RuntimeError, OSError) as exc:
         print(f"bench tenants: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print(report(plan, capacities, phases, started))
+        print(report(plan, capacities, phases, started, final))
         return 1
-    print(report(plan, capacities, phases, started), flush=True)
+    print(report(plan, capacities, phases, started, final), flush=True)
     return 1 if any(s.status == 0 for p in phases for s in p.result.samples) else 0
 
 
-def report(plan: Plan, capacities: list[float], phases: list[Phase], started: str) -> str:
+def report(plan: Plan, capacities: list[float], phases: list[Phase], started: str,
+           final: dict[str, float] | None = None) -> str:
     """The Markdown report: set-up, one row per phase and round, targets."""
     lines = [
         f"Run {started}. Machine: {os.cpu_count()} logical CPUs; Python "
@@ -235,12 +253,13 @@ def report(plan: Plan, capacities: list[float], phases: list[Phase], started: st
         f"tier_concurrency={plan.slots}, tier_queue={plan.tier_queue}, default_timeout_ms="
         f"{plan.timeout_ms}; tenants a and b, weight 1, no quota. Every request a miss. "
         f"{plan.rounds} round(s) of {plan.duration_s:g} s phases; latency from the scheduled "
-        "send time (`bench/openloop.py`).",
+        "send time (`bench/openloop.py`). CPU columns in cores: the gateway's, and what "
+        "processes outside the test took during the phase (a shared machine's noise).",
         "",
         "| round | phase | offered req/s | tenant | sent | 2xx | goodput | 2xx/s | p50 ms "
-        "| p99 ms | 503 | other | steal |",
+        "| p99 ms | 503 | other statuses | gateway CPU | other CPU | steal |",
         "| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
-        "| ---: |",
+        "| ---: | ---: | ---: |",
     ]
     for p in phases:
         for tenant in ("a", "b"):
@@ -255,7 +274,7 @@ def report(plan: Plan, capacities: list[float], phases: list[Phase], started: st
                 f"| {p.round} | {p.name} | {p.offered:.0f} | {tenant.upper()} | {len(mine)} | "
                 f"{codes.get(200, 0)} | {p.goodput(tenant):.3f} | {p.rate_2xx(tenant):.1f} | "
                 f"{p.p(tenant, 50):.2f} | {p.p(tenant, 99):.2f} | {codes.get(503, 0)} | "
-                f"{other or '-'} | {p.steal:.2f} |")
+                f"{other or '-'} | {p.gateway_cpu:.2f} | {p.other_cpu:.2f} | {p.steal:.2f} |")
     pairs = [(phases[i], phases[i + 1]) for i in range(0, len(phases) - 1, 2)]
     if pairs:
         goodput = _median([m.goodput("b") for _a, m in pairs])
@@ -272,6 +291,9 @@ def report(plan: Plan, capacities: list[float], phases: list[Phase], started: st
             "",
             f"- C per round: {', '.join(f'{c:.1f}' for c in capacities)} req/s.",
         ]
+    if final:
+        shown = ", ".join(f"`{k}` {v:g}" for k, v in sorted(final.items()) if v)
+        lines.append(f"- Gateway metrics at the end (all phases): {shown}.")
     return "\n".join(lines)
 
 
