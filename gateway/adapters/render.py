@@ -1,10 +1,12 @@
 """Rendering embeddings to JSON, with the JSON of hot cache entries kept ready.
 
 Formatting 384 float32 values is the largest single cost of a cache hit (11-14% of its CPU,
-bench/RESULTS.md). A hit answers from the same L1 ``Entry`` object every time, so its JSON
-fragment is kept beside it, keyed by cache key and checked by entry identity: a refreshed or
-replaced entry is rendered anew. The fragment is exactly what ``orjson`` writes for the vector,
-so an answer assembled from fragments is byte-identical to one rendered whole.
+bench/RESULTS.md). A hit answers from the same stored entry every time, so its JSON fragment
+is kept beside it, keyed by cache key and checked by the entry's creation time and value: a
+refreshed or replaced entry is rendered anew, while the same entry decoded again from the node
+tier or Redis (a new object each time) reuses the fragment. The fragment is exactly what
+``orjson`` writes for the vector, so an answer assembled from fragments is byte-identical to one
+rendered whole.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from collections.abc import Sequence
 import orjson
 
 from gateway.adapters.vectors import vector
-from gateway.cache.entry import Entry
 from gateway.keys import CacheKey
 from gateway.pipeline import Outcome
 
@@ -27,7 +28,7 @@ class FragmentCache:
 
     def __init__(self, max_entries: int = 8192) -> None:
         self.max_entries = max_entries
-        self._items: OrderedDict[CacheKey, tuple[Entry, bytes]] = OrderedDict()
+        self._items: OrderedDict[CacheKey, tuple[float, bytes, bytes]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -35,12 +36,13 @@ class FragmentCache:
     def fragment(self, item: Outcome) -> bytes:
         if item.entry is None or item.key is None:
             return orjson.dumps(vector(item), option=_NUMPY)
+        entry = item.entry
         found = self._items.get(item.key)
-        if found is not None and found[0] is item.entry:
+        if found is not None and found[0] == entry.created_at and found[1] == entry.value:
             self._items.move_to_end(item.key)
-            return found[1]
+            return found[2]
         rendered = orjson.dumps(vector(item), option=_NUMPY)
-        self._items[item.key] = (item.entry, rendered)
+        self._items[item.key] = (entry.created_at, entry.value, rendered)
         if len(self._items) > self.max_entries:
             self._items.popitem(last=False)
         return rendered

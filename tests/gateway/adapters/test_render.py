@@ -49,3 +49,15 @@ def test_fragments_are_reused_per_entry_and_bounded() -> None:
     cache.fragment(_hit("b", vec))
     cache.fragment(_hit("c", vec))
     assert len(cache) == 2
+
+
+def test_the_same_entry_decoded_again_reuses_its_fragment() -> None:
+    """Node-tier and Redis hits decode a new Entry object each time: same bytes, same time."""
+    cache = FragmentCache()
+    first = _hit("a", np.ones(4, dtype=np.float32))
+    stored = first.entry
+    assert stored is not None
+    again = Entry.decode(stored.encode())
+    assert again is not stored
+    decoded = Outcome(again.value, again.meta, "HIT", 0.0, first.key, again)
+    assert cache.fragment(decoded) is cache.fragment(first)
