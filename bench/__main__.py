@@ -4,6 +4,9 @@
 beside interactive load, a few minutes) and ``soak`` (10 minutes of mixed
 traffic under faults) run only by name: they are long and not part of ``all``.
 
+``resilience`` kills a near-zone model server under steady load, with and without the retry
+policy (issue 15).
+
 Each benchmark is a module ``bench.<name>`` with a ``main(argv) -> int``. Results are printed as
 Markdown tables; copy them into ``bench/RESULTS.md`` with the command that made them.
 """
@@ -14,7 +17,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-ORDER = ("policy", "cache", "backend", "gateway", "overload", "tenants")
+ORDER = ("policy", "cache", "backend", "gateway", "overload", "tenants", "resilience")
 BY_NAME = ("fuzz", "soak", "batch")  # long runs, never part of "all"
 
 
