@@ -161,7 +161,8 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
         app[state.HOT] = HotAnswers(policies=policies, l1=app[state.CACHE].l1,
                                     model_version=router.model_version,
                                     observer=app[state.OBSERVER], clock=clock,
-                                    enabled=not settings.logging.request_text)
+                                    enabled=not settings.logging.request_text,
+                                    node=app[state.CACHE].node)
         loop = asyncio.get_running_loop()
         if handle_signals:
             loop.add_signal_handler(signal.SIGHUP,

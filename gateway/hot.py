@@ -6,7 +6,9 @@ while everything that decided the answer still holds, checked on every use:
 - the active policy is the one it was decided under (a reload changes the version);
 - the model version the keys were derived for is still the one served;
 - every item's entry is still *the same object* in L1 and still fresh (a purge, eviction,
-  refresh or expiry breaks the identity, and the slow path answers and refreshes).
+  refresh or expiry breaks the identity, and the slow path answers and refreshes); an item L1
+  no longer holds may instead be the same entry (creation time and value) in the node tier,
+  which every worker of the host shares: it is put back into L1 and the answer stands.
 Requests with ``Cache-Control``, a shadow policy or ``log_request_text`` always take the full
 path. No item the policy forbids to store is ever here: such a request is never all HITs.
 Bounded by entries and bytes (least recently used first); in-process memory only.
@@ -22,6 +24,7 @@ import xxhash
 
 from gateway.cache.entry import Entry
 from gateway.cache.memory import MemoryCache
+from gateway.cache.node import NodeCache
 from gateway.keys import CacheKey
 from gateway.observe import Observer
 from gateway.pipeline import Result
@@ -49,9 +52,11 @@ class HotAnswers:
     def __init__(self, *, policies: PolicyStore, l1: MemoryCache,
                  model_version: Callable[[str], str | None], observer: Observer,
                  clock: Callable[[], float], max_entries: int = 4096,
-                 max_bytes: int = 32 * 1024 * 1024, enabled: bool = True) -> None:
+                 max_bytes: int = 32 * 1024 * 1024, enabled: bool = True,
+                 node: NodeCache | None = None) -> None:
         self.policies = policies
         self.l1 = l1
+        self.node = node
         self.model_version = model_version
         self.observer = observer
         self.clock = clock
@@ -84,27 +89,59 @@ class HotAnswers:
         h.update(body)
         return h.digest()
 
-    def get(self, key: bytes) -> tuple[HotAnswer, float] | None:
-        """The answer and its age while everything it depends on holds; else forgets it."""
+    def get(self, key: bytes) -> tuple[HotAnswer, float, int] | None:
+        """The answer, its age and how many of its items came back from the node tier, while
+        everything it depends on holds; else forgets it."""
         found = self._items.get(key)
         if found is None:
             return None
         now = self.clock()
         l1_get = self.l1.get
         valid = (found.policy_version == self.policies.active.version
-                 and found.model_version == self.model_version(found.model)
-                 and all(l1_get(k) is e and e.is_fresh(now)
-                         for k, e in zip(found.keys, found.entries, strict=True)))
+                 and found.model_version == self.model_version(found.model))
+        lost: list[int] = []
+        if valid:
+            for i, (k, e) in enumerate(zip(found.keys, found.entries, strict=True)):
+                if not e.is_fresh(now):
+                    valid = False
+                    break
+                held = l1_get(k)
+                if held is not e:
+                    if held is not None:  # replaced (refreshed, rewritten): a different answer
+                        valid = False
+                        break
+                    lost.append(i)
+        if valid and lost:
+            valid = self._from_node(found, lost)
         if not valid:
             self._drop(key)
             return None
         self._items.move_to_end(key)
-        return found, max(e.age(now) for e in found.entries)
+        return found, max(e.age(now) for e in found.entries), len(lost)
 
-    def observe(self, answer: HotAnswer, tenant: str) -> None:
+    def _from_node(self, found: HotAnswer, lost: list[int]) -> bool:
+        """Whether the node tier still holds the very entries L1 dropped (same creation time
+        and value); they go back into L1, under the objects the answer was made from."""
+        if self.node is None:
+            return False
+        keys = [found.keys[i] for i in lost]
+        entries, ok = self.node.lookup(keys)
+        if not ok:
+            return False
+        for i, key, held in zip(lost, keys, entries, strict=True):
+            e = found.entries[i]
+            if held is None or held.created_at != e.created_at or held.value != e.value:
+                return False
+            self.l1.set(key, e)
+        return True
+
+    def observe(self, answer: HotAnswer, tenant: str, from_node: int = 0) -> None:
         """Count a hot answer exactly as the full path counts a HIT."""
         n = len(answer.entries)
-        self.observer.cache_lookups("l1", "hit", n)
+        self.observer.cache_lookups("l1", "hit", n - from_node)
+        if from_node:
+            self.observer.cache_lookups("l1", "miss", from_node)
+            self.observer.cache_lookups("node", "hit", from_node)
         self.observer.policy_decided(answer.decision)
         self.observer.items_answered(answer.model, tenant, ("HIT",) * n)
         if answer.compute_ms:

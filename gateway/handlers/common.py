@@ -107,10 +107,10 @@ async def _answer(request: web.Request, route: str, parse: Callable[[dict[str, A
         hot_key = hot.key(request.path, tenant, headers, body)
         found = hot.get(hot_key) if hot_key is not None else None
         if found is not None:
-            answer, age = found
+            answer, age, from_node = found
             if quota is not None:
                 await quota.charge(0, len(answer.entries))
-            hot.observe(answer, tenant)
+            hot.observe(answer, tenant, from_node)
             app[state.OBSERVER].tenant_usage(tenant, hot_usage(answer.entries))
             total = (time.perf_counter() - started) * 1000.0
             return web.Response(body=answer.body, content_type="application/json", headers={

@@ -98,3 +98,22 @@ async def test_key_covers_tenant_headers_path_and_directives(gateway: GatewayFac
         assert status == 200
     status, body, _ = await post(client, "/v2/models/minilm/versions/999/infer", oip, **acme)
     assert status == 404 and body["error"]["type"] == "model_not_found"
+
+
+async def test_an_entry_l1_dropped_still_answers_hot_from_the_node_tier(
+        gateway: GatewayFactory, backend: BackendProc) -> None:
+    client = await gateway(cache={"max_entries": 1})
+    other = {"model": "minilm", "input": "another hot sentence"}
+    for _ in range(3):
+        _, first, _ = await post(client, "/v1/embeddings", BODY)
+    await client.server.app[state.CACHE].flush()  # the node tier's background write
+    await post(client, "/v1/embeddings", other)  # evicts BODY's entry from the 1-entry L1
+    before = backend.requests_total()
+    hot = client.server.app[state.HOT]
+    status, again, h = await post(client, "/v1/embeddings", BODY)
+    assert status == 200 and h["X-Cache"] == "HIT" and again == first
+    assert backend.requests_total() == before
+    assert "hot;dur=" in h["Server-Timing"], "answered hot, with the node tier's entry"
+    assert len(hot) >= 1
+    text = await (await client.get("/metrics")).text()
+    assert metric_value(text, "gateway_cache_lookups_total", tier="node", result="hit") >= 1
