@@ -14,7 +14,6 @@ and never the last available one.
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections import Counter
@@ -24,22 +23,13 @@ from typing import Literal
 from gateway.observe import NullObserver, Observer
 from gateway.routing.backends import BackendState
 from gateway.routing.config import BackendSpec, RoutingSettings
-from gateway.routing.outlier import (
-    FAILURES,
-    GATEWAY_FAILURES,
-    NEUTRAL,
-    Cause,
-    Outcome,
-    success_rate_outliers,
-)
+from gateway.routing.outlier import Outcome, OutlierDetector
 from gateway.routing.slowstart import slow_start_weight
 
 Tier = Literal["zone", "region", "remote"]
 TIER_ORDER: tuple[Tier, ...] = ("zone", "region", "remote")
 
 __all__ = ["TIER_ORDER", "Outcome", "Router", "Tier", "version_sort_key"]
-
-log = logging.getLogger(__name__)
 
 
 def version_sort_key(version: str) -> tuple[int, int, str]:
@@ -80,7 +70,8 @@ class Router:
         self._tiers = [(t, members) for t, members in self._tiers if members]
         self._versions: dict[str, str | None] = {}
         self._widths: dict[str, int] = {}
-        self._next_outlier_check = self._clock() + settings.outlier_interval_s
+        self._outliers = OutlierDetector([m for _, m in self._tiers], settings, clock=clock,
+                                         observer=self._observer, on_eject=self._gauge)
         self.refresh_gauges()
 
     def _locality(self, spec: BackendSpec) -> Tier:
@@ -180,57 +171,19 @@ class Router:
         samples so a backend that fails fast does not attract traffic.
         """
         state.inflight = max(0, state.inflight - 1)
-        now = self._clock()
         if outcome == "ok":
             self._sample(state, latency_s)
-            state.consecutive_5xx = state.consecutive_gateway_failures = 0
-            state.interval_calls += 1
-            state.interval_successes += 1
         elif outcome == "cancelled":
             if latency_s > state.ewma_s:
                 self._sample(state, latency_s)
-        else:
-            if state.samples or outcome == "timeout":
-                self._sample(state, max(latency_s, 2.0 * state.ewma_s))
-            if outcome not in NEUTRAL:
-                self._count_failure(state, outcome)
-        if now >= self._next_outlier_check:
-            self.check_success_rates()
-
-    def _count_failure(self, state: BackendState, outcome: Outcome) -> None:
-        settings = self._settings
-        state.interval_calls += 1
-        if outcome in FAILURES:
-            state.consecutive_5xx += 1
-        if outcome in GATEWAY_FAILURES:
-            state.consecutive_gateway_failures += 1
-        else:
-            state.consecutive_gateway_failures = 0  # as Envoy: a 500 breaks the run
-        if (settings.consecutive_gateway_failure
-                and state.consecutive_gateway_failures >= settings.consecutive_gateway_failure):
-            self._maybe_eject(state, "consecutive_gateway_failure")
-        elif settings.consecutive_5xx and state.consecutive_5xx >= settings.consecutive_5xx:
-            self._maybe_eject(state, "consecutive_5xx")
+        elif state.samples or outcome == "timeout":
+            self._sample(state, max(latency_s, 2.0 * state.ewma_s))
+        self._outliers.record(state, outcome)
 
     def check_success_rates(self) -> list[BackendState]:
-        """Envoy's success-rate check over the interval that ends now, tier by tier; ejects the
-        outliers (within the max-ejected share) and starts the next interval. Runs by itself
-        every ``outlier_interval_s`` as calls finish and health checks run."""
-        settings = self._settings
-        self._next_outlier_check = self._clock() + settings.outlier_interval_s
-        ejected: list[BackendState] = []
-        for _, members in self._tiers:
-            counts = {s: (s.interval_successes, s.interval_calls) for s in members}
-            for state in success_rate_outliers(
-                counts, minimum_hosts=settings.success_rate_minimum_hosts,
-                request_volume=settings.success_rate_request_volume,
-                stdev_factor=settings.success_rate_stdev_factor,
-            ):
-                if self._maybe_eject(state, "success_rate"):
-                    ejected.append(state)
-        for state in self._states:
-            state.interval_calls = state.interval_successes = 0
-        return ejected
+        """Run the success-rate check now (it runs by itself every ``outlier_interval_s`` as
+        calls finish and health checks run); the backends it ejected."""
+        return self._outliers.check_success_rates()
 
     def _sample(self, state: BackendState, latency_s: float) -> None:
         alpha = self._settings.ewma_alpha
@@ -238,36 +191,6 @@ class Router:
             alpha * latency_s + (1.0 - alpha) * state.ewma_s
         )
         state.samples += 1
-
-    def _maybe_eject(self, state: BackendState, cause: Cause) -> bool:
-        now = self._clock()
-        if state.ejected(now):
-            return False
-        ejected = sum(1 for s in self._states if s.ejected(now))
-        if (ejected + 1) * 100 > self._settings.max_ejected_percent * len(self._states):
-            return False
-        if not any(s.available(now) for s in self._states if s is not state):
-            return False
-        # The doubling resets once the backend has stayed in for a full max_ejection_s.
-        if state.ejection_level and now - state.ejected_until > self._settings.max_ejection_s:
-            state.ejection_level = 0
-        duration = min(
-            self._settings.base_ejection_s * 2.0 ** state.ejection_level,
-            self._settings.max_ejection_s,
-        )
-        state.ejected_until = now + duration
-        state.returned_at = state.ejected_until  # slow start begins when the ejection ends
-        state.ejection_level += 1
-        state.ejections += 1
-        state.consecutive_5xx = state.consecutive_gateway_failures = 0
-        log.warning(
-            "backend ejected",
-            extra={"backend": state.name, "zone": state.spec.zone, "ejection_s": duration,
-                   "cause": cause},
-        )
-        self._observer.ejected(state.name, cause)
-        self._gauge(state, now)
-        return True
 
     def set_health(self, state: BackendState, healthy: bool) -> bool:
         """Record an active health-check verdict; True when it changed the backend's health.
@@ -324,9 +247,8 @@ class Router:
     def refresh_gauges(self) -> None:
         """Bring the per-backend health and slow-start gauges up to date (ejections and slow
         starts end silently), and run a success-rate check that is due."""
+        self._outliers.check_when_due()
         now = self._clock()
-        if now >= self._next_outlier_check:
-            self.check_success_rates()
         for state in self._states:
             self._gauge(state, now)
 

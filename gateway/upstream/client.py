@@ -36,8 +36,6 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numpy as np
-
 from gateway.admission import PUBLIC, Admission, Slot
 from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
 from gateway.fairqueue import INTERACTIVE, Priority
@@ -46,6 +44,7 @@ from gateway.routing.backends import BackendState
 from gateway.routing.balancer import Outcome, Router
 from gateway.routing.config import RoutingSettings
 from gateway.routing.hedge import HedgePolicy, race
+from gateway.upstream.results import InferResult, RawResult
 from gateway.upstream.retry import RetryBudget, RetryPolicy
 from gateway.upstream.transport import (
     ConnectError,
@@ -61,43 +60,11 @@ from gateway.upstream.wire import (
     exception_error,
     infer_request_body,
     parse_embeddings,
-    server_timing,
     status_outcome,
 )
 
 T = TypeVar("T")
 _Who = tuple[str, Priority]  # (tenant, priority class): a call's place in admission's fair queue
-
-
-@dataclass(frozen=True, slots=True)
-class InferResult:
-    """Embeddings from one backend call, with where and how long it took."""
-
-    embeddings: np.ndarray  # float32 [n, dim]
-    backend: str
-    zone: str
-    queue_ms: float
-    compute_ms: float
-    upstream_s: float
-    model_version: str
-    token_counts: list[int] | None = None  # per text, when the backend reports them
-
-
-@dataclass(frozen=True, slots=True)
-class RawResult:
-    """A backend's answer passed through as is."""
-
-    status: int
-    body: bytes
-    headers: Mapping[str, str]
-    backend: str
-    zone: str = ""
-    upstream_s: float = 0.0
-
-    @property
-    def timing_ms(self) -> dict[str, float]:
-        """The backend's ``Server-Timing`` (queue, compute...) in milliseconds."""
-        return server_timing(self.headers)
 
 
 @dataclass(frozen=True, slots=True)
