@@ -1,7 +1,7 @@
 """Batch jobs against interactive traffic (issue 13): ``python -m bench batch``.
 
 ``python -m bench batch [--slots 4] [--service-ms 20] [--lines 10000] [--duration 15]
-[--rounds 2] [--share 1.0] [--concurrency N] [--quick]``
+[--rounds 3] [--share 0.5] [--concurrency N] [--quick]``
 
 A real gateway (1 worker) with a real Redis in front of the fake fixed-capacity backend
 (``bench.slow_backend``: ``slots`` x ``service_ms``, so capacity does not move with the CPU
@@ -41,7 +41,8 @@ import orjson
 
 from bench import loadgen, openloop, services
 from bench.loadgen import Request, RequestFactory
-from bench.procs import Cores, pinned, split_cores
+from bench.overload import scrape
+from bench.procs import Cores, busy_seconds, pinned, split_cores, steal_seconds
 from bench.services import Server
 
 ROUTE = "/v1/embeddings"
@@ -78,8 +79,8 @@ def parse(argv: Sequence[str]) -> Plan:
     p.add_argument("--service-ms", type=float, default=20.0, help="fake service time (20)")
     p.add_argument("--lines", type=int, default=10_000, help="lines in the batch (10000)")
     p.add_argument("--duration", type=float, default=15.0, help="seconds per phase (15)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds (2)")
-    p.add_argument("--share", type=float, default=1.0, help="batch.share (1.0)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds (3)")
+    p.add_argument("--share", type=float, default=0.5, help="batch.share (0.5, its default)")
     p.add_argument("--concurrency", type=int, help="batch.concurrency (default: --slots)")
     p.add_argument("--quick", action="store_true", help="1 round, 5 s phases, 2000 lines")
     a = p.parse_args(argv)
@@ -120,10 +121,17 @@ class Round:
     with_goodput: float
     batch_rate: float
     statuses: dict[int, int]
+    ideal: float
+    noise: tuple[float, float, float, float]
+    """Other processes' CPU and steal (cores) in the baseline, then in the batch phase."""
 
     @property
     def spare(self) -> float:
         return max(self.capacity - self.with_goodput, 1e-9)
+
+    @property
+    def ideal_spare(self) -> float:
+        return max(self.ideal - self.with_goodput, 1e-9)
 
 
 class BatchClient:
@@ -172,8 +180,27 @@ class BatchClient:
         return [orjson.loads(line)["custom_id"] for line in data.splitlines() if line.strip()]
 
 
+class Noise:
+    """CPU that processes outside the test used during a phase, and hypervisor steal (cores):
+    busy time minus what the test's own servers and this generator used."""
+
+    def __init__(self, servers: Sequence[Server]) -> None:
+        self.servers = servers
+        self.start = self._read()
+
+    def _read(self) -> tuple[float, float, float, float]:
+        ours = sum(s.service.cpu_seconds() for s in self.servers) + time.process_time()
+        return busy_seconds(), ours, steal_seconds(), time.monotonic()
+
+    def cores(self) -> tuple[float, float]:
+        busy, ours, steal, now = self._read()
+        wall = max(now - self.start[3], 1e-9)
+        return (max(0.0, busy - self.start[0] - (ours - self.start[1])) / wall,
+                (steal - self.start[2]) / wall)
+
+
 def run_round(plan: Plan, server: Server, api: BatchClient, rnd: int, last: bool,
-              notes: list[str]) -> Round:
+              notes: list[str], servers: Sequence[Server]) -> Round:
     cap = int(plan.slots * 1000 / plan.service_ms * plan.duration_s * 2) + 100
     closed = loadgen.run(loadgen.run_closed(_closed(server, f"c{rnd}"), requests=cap,
                                             concurrency=plan.slots * 4,
@@ -185,10 +212,14 @@ def run_round(plan: Plan, server: Server, api: BatchClient, rnd: int, last: bool
                             requests=int(0.7 * c * plan.duration_s),
                             max_duration_s=plan.duration_s, max_connections=1024, timeout_s=10.0)
 
+    noise = Noise(servers)
     base = open_phase(f"b{rnd}")
+    base_noise = noise.cores()
     batch_id = api.start(plan.lines, f"r{rnd}")
     done0, t0 = api.done(batch_id), time.monotonic()
+    noise = Noise(servers)
     with_batch = open_phase(f"w{rnd}")
+    with_noise = noise.cores()
     done1, t1 = api.done(batch_id), time.monotonic()
     rate = (done1 - done0) / max(t1 - t0, 1e-9)
     if last:
@@ -205,7 +236,8 @@ def run_round(plan: Plan, server: Server, api: BatchClient, rnd: int, last: bool
         api.http.post(f"/batches/{batch_id}/cancel")
         api.finish(batch_id, timeout_s=120)
     return Round(c, base.latency_ms(99), base.throughput, with_batch.latency_ms(99),
-                 with_batch.throughput, rate, with_batch.status_counts())
+                 with_batch.throughput, rate, with_batch.status_counts(),
+                 plan.slots * 1000 / plan.service_ms, (*base_noise, *with_noise))
 
 
 def report(plan: Plan, rounds: list[Round], notes: list[str]) -> str:
@@ -217,15 +249,19 @@ def report(plan: Plan, rounds: list[Round], notes: list[str]) -> str:
         f"{plan.rounds} round(s) of {plan.duration_s:g} s phases; {plan.cores.describe()}.",
         "",
         "| round | C req/s | base 2xx/s | base p99 ms | with batch 2xx/s | with batch p99 ms "
-        "| p99 ratio | spare req/s | batch lines/s | batch / spare | statuses with batch |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| p99 ratio | spare req/s (C - 2xx/s) | batch lines/s | batch / spare "
+        "| batch / (ideal - 2xx/s) | statuses with batch | other CPU, steal: base; with |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
+        "| --- |",
     ]
     for i, r in enumerate(rounds, 1):
+        n = r.noise
         lines.append(
             f"| {i} | {r.capacity:.1f} | {r.base_goodput:.1f} | {r.base_p99:.2f} | "
             f"{r.with_goodput:.1f} | {r.with_p99:.2f} | {r.with_p99 / r.base_p99:.2f} | "
             f"{r.spare:.1f} | {r.batch_rate:.1f} | {r.batch_rate / r.spare:.2f} | "
-            f"{r.statuses} |")
+            f"{r.batch_rate / r.ideal_spare:.2f} | {r.statuses} | "
+            f"{n[0]:.2f}, {n[1]:.2f}; {n[2]:.2f}, {n[3]:.2f} |")
     if rounds:
         ratio = statistics.median(r.with_p99 / r.base_p99 for r in rounds)
         share = statistics.median(r.batch_rate / r.spare for r in rounds)
@@ -258,7 +294,12 @@ def main(argv: list[str]) -> int:
                 loadgen.run(loadgen.run_closed(_closed(gateway, "warm"), requests=300,
                                                concurrency=plan.slots * 4, max_duration_s=30))
                 for rnd in range(1, plan.rounds + 1):
-                    rounds.append(run_round(plan, gateway, api, rnd, rnd == plan.rounds, notes))
+                    rounds.append(run_round(plan, gateway, api, rnd, rnd == plan.rounds, notes,
+                                            (redis, backend, gateway)))
+            found = scrape(gateway.url, {"gateway_batch_deferred_total",
+                                         "gateway_batch_lines_total"})
+            notes.append("gateway metrics at the end: " + ", ".join(
+                f"`{k}` {v:g}" for k, v in sorted(found.items())))
     except (RuntimeError, OSError, httpx.HTTPError) as exc:
         print(f"bench batch: {type(exc).__name__}: {exc}", file=sys.stderr)
         code = 1

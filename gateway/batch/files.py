@@ -24,6 +24,8 @@ from gateway.batch.settings import BatchSettings
 from gateway.errors import NotFound, PayloadTooLarge
 
 INPUT, OUTPUT = "batch", "batch_output"
+READER = "reader:"
+"""Prefix of a file hash's fields naming the batches that read it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +40,9 @@ class FileMeta:
     lines: int
     created_at: int
     expires_at: int
-    in_use_by: str = ""
-    """The unfinished batch reading it as its input (it may not be deleted meanwhile)."""
+    readers: tuple[str, ...] = ()
+    """Batches that read it as their input, until each finishes (``reader:{batch_id}`` fields):
+    it may not be deleted while one of them is unfinished."""
 
     def view(self) -> dict[str, Any]:
         """The OpenAI ``file`` object."""
@@ -54,7 +57,7 @@ class FileMeta:
         return cls(id=file_id, tenant=get["tenant"], filename=get["filename"],
                    purpose=get["purpose"], size=int(get["bytes"]), lines=int(get["lines"]),
                    created_at=int(get["created_at"]), expires_at=int(get["expires_at"]),
-                   in_use_by=get.get("in_use_by", ""))
+                   readers=tuple(k.removeprefix(READER) for k in get if k.startswith(READER)))
 
 
 class FileStore:
@@ -132,22 +135,16 @@ class FileStore:
         """Delete the tenant's file; 409 while an unfinished batch reads it (``active(batch_id)``
         says whether that batch is still unfinished)."""
         meta = await self.get(tenant, file_id)
-        if meta.in_use_by and await active(meta.in_use_by):
-            raise Conflict(f"file {file_id!r} is the input of batch {meta.in_use_by!r}, which "
-                           "has not finished; cancel it first")
+        for batch_id in meta.readers:
+            if await active(batch_id):
+                raise Conflict(f"file {file_id!r} is the input of batch {batch_id!r}, which has "
+                               "not finished; cancel it first")
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(self._keys.file(file_id))
             pipe.zrem(self._keys.tenant_files(tenant), file_id)
             pipe.hdel(self._keys.tenant_sizes(tenant), file_id)
             await pipe.execute()
         await self.blobs.delete(file_id)
-
-    async def mark_in_use(self, file_id: str, batch_id: str | None) -> None:
-        key = self._keys.file(file_id)
-        if batch_id is None:
-            await self._redis.hdel(key, "in_use_by")
-        else:
-            await self._redis.hset(key, "in_use_by", batch_id)
 
     # -- output and error files, written a page at a time by the finalizer -----------------
 

@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 
 from gateway.batch import scripts
 from gateway.batch.errors import Conflict
-from gateway.batch.files import FileMeta
+from gateway.batch.files import READER, FileMeta
 from gateway.batch.keys import Keys, is_batch_id, new_batch_id
 from gateway.batch.settings import BatchSettings
 from gateway.errors import NotFound, RateLimited
@@ -133,7 +133,7 @@ class JobStore:
                 pipe.pexpire(k.batch(batch_id), self._ttl_ms(window_s))
                 pipe.zadd(k.tenant_batches(tenant), {batch_id: now})
                 pipe.pexpire(k.tenant_batches(tenant), self._ttl_ms(window_s))
-                pipe.hset(k.file(source.id), "in_use_by", batch_id)
+                pipe.hset(k.file(source.id), READER + batch_id, 1)
                 for start in range(0, source.lines, step):
                     pipe.xadd(k.queue, {"kind": "lines", "batch": batch_id, "start": start,
                                         "count": min(step, source.lines - start)})
@@ -241,7 +241,7 @@ class JobStore:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(k.results(job.id))
             pipe.pexpire(k.batch(job.id), self._ttl_ms())
-            pipe.hdel(k.file(job.input_file_id), "in_use_by")
+            pipe.hdel(k.file(job.input_file_id), READER + job.id)
             await pipe.execute()
         await self._release(job.tenant, job.id)
 

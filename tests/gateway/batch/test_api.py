@@ -224,12 +224,15 @@ def test_concurrent_batches_and_stored_bytes_per_tenant(server: Server) -> None:
     upload = api.files.create(file=("s.jsonl", jsonl(rows)), purpose="batch")
     running = [api.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings",
                                   completion_window="24h") for _ in range(2)]
+    with pytest.raises(openai.ConflictError):  # two unfinished batches read it
+        api.files.delete(upload.id)
     with pytest.raises(openai.RateLimitError) as limited:
         api.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings",
                            completion_window="24h")
     assert "batch.max_active_batches" in str(limited.value.body)
     for batch in running:
         wait_finished(api, batch.id)
+    assert api.files.delete(upload.id).deleted  # both finished: it may go now
     stored = 0
     with pytest.raises(openai.APIStatusError) as full:
         for i in range(200):  # bounded: the 4 MiB quota ends it after some 70 files
