@@ -125,7 +125,8 @@ class Observer(Protocol):
 
     def batch_deferred(self, reason: str) -> None:
         """A batch line held back so interactive calls keep the capacity (``queued``,
-        ``busy``, ``no_backend``, ``loop_busy``: this process's own CPU is saturated)."""
+        ``busy``, ``slow``: the tier's calls take longer than their floor, ``no_backend``,
+        ``loop_busy``: this process's own CPU is saturated)."""
 
     def batch_queue(self, lines: int, lag_s: float, batches: Mapping[str, int]) -> None:
         """The batch queue now: lines of unfinished batches still to answer, the age of the

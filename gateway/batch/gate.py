@@ -9,6 +9,11 @@ router would send it to (the nearest one with a backend available):
   burst of interactive calls finds free slots at once), and
 - this process has fewer than ``batch.concurrency`` lines in flight (a semaphore: the lines
   beyond it wait without polling), and
+- the tier's calls are not slowing down: its slot-hold time (admission's EWMA) is under 1.25x
+  its recent floor (the lowest it has been, drifting up 1% a second). With a concurrency limit
+  far above what the backends run at once (``tier_concurrency`` 64 by default), batch calls
+  would otherwise queue inside the backends, ahead of interactive ones; a tier with nothing in
+  flight always takes a line (nothing to protect, and its answer refreshes the EWMA), and
 - this process's event loop keeps time (``LoopLag``: a 5 ms ticker's overshoot, averaged, under
   10 ms): a gateway whose own CPU is saturated answers interactive calls late whatever the
   backends have free, so batch lines yield the CPU too.
@@ -35,6 +40,8 @@ _LONGEST_WAIT_S = 0.02
 _TICK_S = 0.005
 _LAG_LIMIT_S = 0.010
 _LAG_ALPHA = 0.2
+_SLOW_FACTOR = 1.25
+_FLOOR_DRIFT_PER_S = 0.01
 
 
 class LoopLag:
@@ -73,12 +80,13 @@ class Gate:
         self._observer = observer
         self._own = asyncio.Semaphore(concurrency)
         self._lag = lag
+        self._floors: dict[str, tuple[float, float]] = {}  # tier -> (floor s, when updated)
         self.inflight = 0
         """Lines of this process between ``enter`` and ``leave``."""
 
     def refusal(self) -> str | None:
-        """Why a line may not go now (``loop_busy``, ``no_backend``, ``queued``, ``busy``), or
-        None when it may (this process's own limit aside)."""
+        """Why a line may not go now (``loop_busy``, ``no_backend``, ``queued``, ``busy``,
+        ``slow``), or None when it may (this process's own limit aside)."""
         if self._lag is not None and self._lag.value > _LAG_LIMIT_S:
             return "loop_busy"
         state = self._router.pick()
@@ -90,7 +98,22 @@ class Gate:
             return "queued"
         if a.inflight(tier) >= max(1, int(self._share * a.limit(tier))):
             return "busy"
+        if self._slowing(tier):
+            return "slow"
         return None
+
+    def _slowing(self, tier: str) -> bool:
+        """The tier's slot-hold EWMA is over ``_SLOW_FACTOR`` x its floor (module docstring)."""
+        a = self._admission
+        ewma = a.service_time_s(tier)
+        if ewma <= 0.0:
+            return False
+        now = time.monotonic()
+        before = self._floors.get(tier)
+        floor = ewma if before is None else min(
+            ewma, before[0] * (1.0 + _FLOOR_DRIFT_PER_S * (now - before[1])))
+        self._floors[tier] = (floor, now)
+        return a.inflight(tier) > 0 and ewma > floor * _SLOW_FACTOR
 
     async def enter(self) -> None:
         """Wait until a line may go, then count it in flight (``leave`` when done)."""

@@ -104,3 +104,17 @@ async def test_a_late_event_loop_holds_lines_back() -> None:
             await asyncio.sleep(0.01)
     finally:
         await lag.stop()
+
+
+async def test_calls_slowing_down_hold_lines_back_until_the_tier_is_idle() -> None:
+    admission, router, tier = parts(limit=64)
+    g = gate(admission, router, share=0.5)
+    for _ in range(10):
+        admission.observe(0.020, tier=tier)  # the floor: 20 ms slot-hold times
+    assert g.refusal() is None
+    held = hold(admission, tier, 1)
+    for _ in range(10):
+        admission.observe(0.060, tier=tier)  # calls queue inside the backend now
+    assert g.refusal() == "slow"
+    held.pop().release(observe=False)
+    assert g.refusal() is None  # nothing in flight: a line goes (and refreshes the EWMA)
