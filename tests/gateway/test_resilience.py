@@ -84,6 +84,7 @@ async def test_proxy_answering_500_502_504_for_a_while_fails_no_request(
             near.proxy.fault(status, infer_only=True)
             await asyncio.sleep(1.5)
         near.proxy.fault(None)
+        served_before_clear = near.proxy.stats()["by_status"].get("200", 0)
         await asyncio.sleep(1.0)
         load.total = load.started + 40  # then finish
         await running
@@ -98,22 +99,23 @@ async def test_proxy_answering_500_502_504_for_a_while_fails_no_request(
                         cause="consecutive_5xx") >= 1  # the 500s
     assert metric_value(text, "gateway_backend_ejections_total", backend=proxy,
                         cause="consecutive_gateway_failure") >= 1  # the 502s and 504s
-    assert near.proxy.stats()["by_status"].get("200", 0) > 30  # and back to the near zone
+    # And back to the near zone once the proxy answers again.
+    assert near.proxy.stats()["by_status"].get("200", 0) > served_before_clear
 
 
 async def test_frozen_model_server_behind_the_proxy_fails_no_request(
     gateway: GatewayFactory, near: NearZone, backend: BackendProc,
 ) -> None:
-    # Clients wait 2.5 s at most; the near server stays frozen longer than that, so only a try
+    # Clients wait 3 s at most; the near server stays frozen longer than that, so only a try
     # abandoned after its per-try timeout and sent elsewhere can answer them in time.
-    client = await two_zones(gateway, near, backend, per_try_timeout_ms=800,
+    client = await two_zones(gateway, near, backend, per_try_timeout_ms=1000,
                              base_ejection_s=0.5, max_ejection_s=1.0)
-    load = Load(client, total=3000, concurrency=4, timeout_ms=2500)
+    load = Load(client, total=3000, concurrency=4, timeout_ms=3000)
     running = asyncio.create_task(load.run())
     try:
         await load.until(40)
         near.freeze()  # SIGSTOP: connections open, no answers; the proxy waits on it
-        await asyncio.sleep(4.0)
+        await asyncio.sleep(4.5)
         served_before_thaw = near.proxy.stats()["by_status"].get("200", 0)
         near.thaw()
         for _ in range(150):  # bounded: until the near zone answers again (or 15 s)
