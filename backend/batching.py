@@ -7,8 +7,7 @@ ever sees ``compute(list_of_items) -> results`` (run in a worker thread, off the
   if it is alone: a lone request never waits for company. While every worker computes, arrivals
   wait and form the next batch, which the first worker to free up takes at once (up to
   ``max_batch_size`` items). So batches fill up by themselves under load and nothing waits when
-  idle: Triton's dynamic batcher with no queue delay. Requests that arrive in the same
-  event-loop turn share a batch (dispatch runs once per turn, after them).
+  idle: Triton's dynamic batcher with no queue delay.
 - Items are grouped by size (token length) to cut padding: under a backlog the batch is the
   run of ``max_batch_size`` length-sorted items that holds the oldest item (so nothing starves)
   with the least padding, and a batch of very mixed lengths is cut into a few calls when the
@@ -76,18 +75,14 @@ class BatchOutcome(Generic[R]):
 
 
 class BatchObserver(Protocol):
-    """Hooks for metrics; the batcher calls them on the event loop."""
+    """Hooks for metrics; the batcher calls them on the event loop. (The queue depth is read,
+    not pushed: ``depth``.)"""
 
     def batch_computed(self, size: int, compute_s: float) -> None: ...
-
-    def queue_depth(self, depth: int) -> None: ...
 
 
 class _NullObserver:
     def batch_computed(self, size: int, compute_s: float) -> None:
-        pass
-
-    def queue_depth(self, depth: int) -> None:
         pass
 
 
@@ -150,7 +145,6 @@ class DynamicBatcher(Generic[T, R]):
         self._pending: list[_Slot] = []
         self._seq = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._dispatch_scheduled = False
         self._drained: asyncio.Future[None] | None = None  # set by close() while batches run
         self._closed = False
         self._item_s = 0.0  # EWMA of compute seconds per item, for Retry-After estimates
@@ -211,33 +205,33 @@ class DynamicBatcher(Generic[T, R]):
         size_of, seq, pending = self._size_of, self._seq, self._pending
         for index, item in enumerate(items):
             pending.append(_Slot(req, index, item, size_of(item), next(seq)))
-        self._observer.queue_depth(len(pending))
-        if self._idle and not self._dispatch_scheduled:
-            # After this loop turn, so that requests arriving in the same turn share a batch.
-            self._dispatch_scheduled = True
-            loop.call_soon(self._dispatch)
+        if self._idle:  # a free worker takes it now, not a loop turn later
+            self._dispatch()
+        # One timer handle, not asyncio.timeout's task cancellation: it fails the future.
+        timer = None if timeout_s is None or future.done() else \
+            loop.call_later(timeout_s, self._expire, req, timeout_s)
         try:
-            if timeout_s is None:
-                return await future
-            async with asyncio.timeout(timeout_s) as scope:
-                return await future
-        except TimeoutError:
-            self._abandon(req)
-            if timeout_s is not None and scope.expired():
-                raise DeadlineExpired(f"deadline of {timeout_s * 1000:.0f} ms passed") from None
-            raise
+            return await future
         except asyncio.CancelledError:
             self._abandon(req)
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, req: _Request, timeout_s: float) -> None:
+        """The request's deadline passed before all its results came: it leaves the queue."""
+        if not req.future.done():
+            self._abandon(req)
+            req.future.set_exception(
+                DeadlineExpired(f"deadline of {timeout_s * 1000:.0f} ms passed"))
 
     def _abandon(self, req: _Request) -> None:
         if any(slot.req is req for slot in self._pending):
             self._pending = [slot for slot in self._pending if slot.req is not req]
-            self._observer.queue_depth(len(self._pending))
 
     def _dispatch(self) -> None:
         """Hands batches to idle workers while both exist (on the event loop)."""
-        self._dispatch_scheduled = False
         loop = self._loop
         while loop is not None and self._idle and self._pending and not self._closed:
             batch = self._take()
@@ -268,7 +262,6 @@ class DynamicBatcher(Generic[T, R]):
                 continue
             live.append(slot)
         batch, self._pending = next_batch(live, [s.size for s in live], self.max_batch_size)
-        self._observer.queue_depth(len(self._pending))
         return batch
 
     def _work(self, loop: asyncio.AbstractEventLoop, batch: list[_Slot],

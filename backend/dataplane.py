@@ -82,6 +82,7 @@ class ServedModel:
             name=config.name,
         )
         self.queue_seconds = metrics.queue_seconds.labels(config.name)
+        metrics.queue_depth.labels(config.name).set_function(lambda: self.batcher.depth)
 
 
 class DataPlane:

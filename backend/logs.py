@@ -13,6 +13,9 @@ from typing import Any, TextIO
 
 import orjson
 
+# One line per request, REST and gRPC alike (``write_access_line``).
+access_log = logging.getLogger("backend.access")
+
 
 class JsonFormatter(logging.Formatter):
     """Formats a record as ``{"ts", "level", "logger", "msg", **fields}``."""
@@ -35,6 +38,11 @@ class JsonFormatter(logging.Formatter):
             entry["exc_type"] = record.exc_info[0].__name__
             entry["traceback"] = self.formatException(record.exc_info).splitlines()[-8:-1]
         return orjson.dumps(entry, default=str).decode()
+
+
+def write_access_line(level: int, fields: dict[str, Any]) -> None:
+    """One access-log line; the protocols call it after the answer has been handed over."""
+    access_log.log(level, "request", extra={"fields": fields})
 
 
 def configure_logging(level: str = "INFO", stream: TextIO | None = None) -> None:

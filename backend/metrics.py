@@ -48,6 +48,7 @@ class BackendMetrics:
             "backend_batch_size", "Items per ONNX Runtime call.", ["model"],
             buckets=BATCH_BUCKETS, registry=reg,
         )
+        # Read from each batcher at scrape time (``DataPlane``): nothing to update per request.
         self.queue_depth = Gauge(
             "backend_queue_depth", "Items waiting to be batched.", ["model"], registry=reg,
         )
@@ -75,11 +76,7 @@ class ModelBatchObserver:
     def __init__(self, metrics: BackendMetrics, model: str) -> None:
         self._compute = metrics.compute_seconds.labels(model)
         self._batch = metrics.batch_size.labels(model)
-        self._depth = metrics.queue_depth.labels(model)
 
     def batch_computed(self, size: int, compute_s: float) -> None:
         self._batch.observe(size)
         self._compute.observe(compute_s)
-
-    def queue_depth(self, depth: int) -> None:
-        self._depth.set(depth)

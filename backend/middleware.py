@@ -23,13 +23,13 @@ from backend.dataplane import SERVER_NAME
 from backend.envelope import request_id
 from backend.errors import BackendError
 from backend.handlers import MODEL_LABEL, REQUEST_ID, json_response
+from backend.logs import access_log, write_access_line
 from backend.metrics import BackendMetrics
 
 REQUEST_ID_HEADER = "X-Request-Id"
 # Probes, scrapes and the gateways' metadata polls (GETs) log at DEBUG; inference at INFO.
 _QUIET = ("/v2/health/", "/metrics")
 
-access_log = logging.getLogger("backend.access")
 log = logging.getLogger("backend.errors")
 
 
@@ -70,11 +70,6 @@ def request_context(*, metrics: BackendMetrics, log_requests: bool = True) -> Mi
         return response
 
     return middleware
-
-
-def write_access_line(level: int, fields: dict[str, Any]) -> None:
-    """One access-log line (both protocols); called after the answer has been handed over."""
-    access_log.log(level, "request", extra={"fields": fields})
 
 
 @web.middleware

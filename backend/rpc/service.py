@@ -26,8 +26,8 @@ import grpc.aio
 from backend.dataplane import DataPlane, ServedModel
 from backend.envelope import MAX_TIMEOUT_MS, request_id, server_timing
 from backend.errors import BackendError
+from backend.logs import access_log, write_access_line
 from backend.metrics import BackendMetrics
-from backend.middleware import access_log, write_access_line
 from backend.rpc import inference_pb2 as pb
 from backend.rpc import tensors
 

@@ -101,13 +101,16 @@ async def test_a_lone_request_is_computed_at_once_and_alone(make: BatcherFactory
     assert compute.calls == [[7]]
 
 
-async def test_requests_in_one_loop_turn_share_a_batch(make: BatcherFactory) -> None:
+async def test_a_burst_on_an_idle_worker_starts_at_once_and_the_rest_ride_together(
+    make: BatcherFactory,
+) -> None:
     compute = Doubler()
     batcher = make(compute, max_batch_size=8)
     outcomes = await asyncio.gather(*(batcher.submit([i]) for i in range(1, 6)))
     assert [o.results for o in outcomes] == [[2], [4], [6], [8], [10]]
-    assert compute.calls == [[1, 2, 3, 4, 5]]
-    assert all(o.batch_size == 5 for o in outcomes)
+    # The first found the worker free and went alone; the others arrived while it computed.
+    assert compute.calls == [[1], [2, 3, 4, 5]]
+    assert [o.batch_size for o in outcomes] == [1, 4, 4, 4, 4]
     assert all(o.compute_s > 0 and o.queue_s >= 0 for o in outcomes)
 
 
@@ -224,10 +227,13 @@ async def test_compute_error_reaches_its_batch_and_the_batcher_goes_on(
     compute = Doubler()
     compute.fail_on = 13
     batcher = make(compute)
-    bad, good = await asyncio.gather(
-        batcher.submit([13]), batcher.submit([2]), return_exceptions=True
-    )
-    assert isinstance(bad, ValueError) and isinstance(good, ValueError)  # same batch
+    held = await compute.hold(batcher)
+    bad, good = (asyncio.create_task(batcher.submit([x])) for x in (13, 2))
+    await until(lambda: batcher.depth == 2)
+    compute.release()
+    await held
+    results = await asyncio.gather(bad, good, return_exceptions=True)
+    assert all(isinstance(r, ValueError) for r in results)  # one batch, one failure
     assert (await batcher.submit([2])).results == [4]
 
 
