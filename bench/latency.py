@@ -100,8 +100,9 @@ def parse(argv: Sequence[str]) -> Plan:
                                      description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--models", type=Path, default=Path("models"))
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=120,
-                        help="requests per cell and round at 1 connection (120)")
+    parser.add_argument("--requests", type=int, default=150,
+                        help="short-text requests per cell and round at 1 connection (150; "
+                        "a third for the long text, x connections / 8 at more)")
     parser.add_argument("--concurrency", default="1,32", help="connections, comma-separated")
     parser.add_argument("--threads", type=int, help="ORT threads (default: server-side cores)")
     parser.add_argument("--access-log", choices=["on", "off"], default="on",
@@ -333,9 +334,10 @@ async def run_cell(send: Send, text: str, requests: int, concurrency: int, cell:
 
 
 def cell_requests(plan: Plan, concurrency: int, text: str) -> int:
-    """Requests per cell and round: long texts take ~4x the compute, so fewer of them."""
+    """Requests per cell and round: long texts take ~6x the compute, so fewer of them; at more
+    connections, enough for every client to send a few."""
     base = plan.requests if text == SHORT else max(10, plan.requests // 3)
-    return base if concurrency == 1 else max(2 * concurrency, base * concurrency // 4)
+    return base if concurrency == 1 else max(2 * concurrency, base * concurrency // 8)
 
 
 def paths_of(plan: Plan) -> tuple[PathSpec, ...]:
@@ -441,15 +443,19 @@ def report(plan: Plan, cells: dict[tuple[str, str, int], Cell]) -> str:
                              f"| {cell.cpu_us(cell.other_cpu_s):.0f} | {cell.errors} |")
         for pending in PENDING_ROWS:
             lines.append(f"| {pending} | | (gateway half: not yet) | | | | | | |")
-    lines += ["", "| target | text | backend REST p50 - floor (a) p50 | met |",
-              "| --- | --- | ---: | :---: |"]
+    lines += ["", "| target | text | backend REST p50 - floor (a) p50 | same, outside p50 | met |",
+              "| --- | --- | ---: | ---: | :---: |"]
     floor_name, rest_name = PATHS[0].name, PATHS[1].name
     for label in TEXTS:
-        floor = cells.get((floor_name, label, 1), Cell()).p(50)
-        rest = cells.get((rest_name, label, 1), Cell()).p(50)
-        gap = rest - floor
+        floor = cells.get((floor_name, label, 1), Cell())
+        rest = cells.get((rest_name, label, 1), Cell())
+        gap = rest.p(50) - floor.p(50)
+        outside = rest.outside_p50 - floor.outside_p50
         lines.append(f"| backend direct p50 <= floor (a) p50 + {TARGET_MS} ms, 1 connection | "
-                     f"{label} | {gap:+.2f} ms | {'yes' if gap <= TARGET_MS else 'NO'} |")
+                     f"{label} | {gap:+.2f} ms | {outside:+.2f} ms | "
+                     f"{'yes' if gap <= TARGET_MS else 'NO'} |")
+    lines += ["", "The outside-p50 gap leaves out the model's own compute time, whose jitter on a "
+              "shared machine is larger than the target; the p50 gap is the target as stated."]
     return "\n".join(lines)
 
 
