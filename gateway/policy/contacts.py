@@ -42,6 +42,8 @@ _OBF_DOMAIN = re.compile(rf"(?:{_LABEL}(?:\.|{_OBF_DOT}))+{_TLD}")
 # The local part is matched backwards from the at-sign (on the reversed text: linear time).
 _OBF_LOCAL_REVERSED = re.compile(r"[\w.%+'-]+(?:(?: ?[\])}>] ?(?i:tod) ?[\[({<] ?| (?i:tod) )"
                                  r"[\w.%+'-]+)*")
+# "[at]", "(@)"... as they look in the class map (letters are "a"), by opening bracket.
+_BRACKETED = (("(", ("(aa)", "(@)")), ("[", ("[aa]", "[@]")), ("{", ("{aa}",)), ("<", ("<aa>",)))
 _BRACKET_AT = re.compile(r" ?[\[({<] ?(?:(?i:at)|@) ?[\])}>] ?")
 _PLAIN_LOCAL = re.compile(r"[._+0-9]| (?i:dot) |[\[({<]")
 _NAME = re.compile(r"[^\W\d_]{2}")  # "v2.1 at python.org" is a version, not a mailbox
@@ -74,9 +76,9 @@ def emails(s: Shape, out: list[Span]) -> None:
             if lm is not None:
                 out.append(("email", lm.start(), dm.end()))
     cls = s.cls
-    for needle in ("(aa)", "[aa]", "{aa}", "<aa>", "(@)", "[@]"):
-        if needle[0] in s.plain:
-            for i in finds(cls, needle):
+    for opening, needles in _BRACKETED:
+        if opening in s.plain:
+            for i in (i for needle in needles for i in finds(cls, needle)):
                 m = _BRACKET_AT.match(text, i - (i > 0 and text[i - 1] == " "))
                 if m is not None:
                     _obfuscated_at(text, m.start(), m.end(), False, out)

@@ -35,7 +35,7 @@ def _after_key(sep: bytes) -> re.Pattern[bytes]:
 
 
 _EQUALS, _COLON = _after_key(b"="), _after_key(b":")
-_VALUE = re.compile(r"[^\s\"'&;,]{3,}")
+_VALUE = re.compile(r"[^\s\"'&;,]{3,128}")
 _QUOTED = re.compile(r"\"([^\"]{3,128})\"|'([^']{3,128})'")
 _PLACEHOLDER_START = tuple("<${%*[(")
 _CONSTANT_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
@@ -85,10 +85,13 @@ def _pair_at(text: str, p: int, out: list[Span]) -> None:
         out.append(("secret", start, end))
 
 
-def _basic(text: str, out: list[Span]) -> None:
-    for i in finds(text, "asic "):
-        m = _BASIC.match(text, i - 1) if i > 0 else None
-        if m is None or word_before(text, i - 1):
+def _basic(s: Shape, out: list[Span]) -> None:
+    text, lower = s.plain, s.lower
+    i = lower.find(b"basic ")
+    while i >= 0:
+        m = _BASIC.match(text, i)
+        i = lower.find(b"basic ", i + 1)
+        if m is None or word_before(text, m.start()):
             continue
         value = m.group(1)
         try:
@@ -97,7 +100,7 @@ def _basic(text: str, out: list[Span]) -> None:
         except (binascii.Error, UnicodeDecodeError):
             creds = ""
         if (creds.isprintable() and ":" in creds[1:]) or \
-                context_before(text, i, ("authorization",), 24):
+                context_before(text, m.start(), ("authorization",), 24):
             out.append(("secret", m.start(1), m.end(1)))
 
 
@@ -129,13 +132,13 @@ def find_credentials(s: Shape, out: list[Span]) -> None:
                 _pair_at(text, m.start(), out)
     for i in s.urls:
         _url_password(text, i, out)
-    _basic(text, out)
+    _basic(s, out)
     if LONG_RUN not in s.tokens:
         return  # both of the following are runs of 20+ token characters
     if "a" * 40 in s.tokens:
         _aws_secrets(text, out)
     for prefix in ("eyJ", "eyj"):
         for i in finds(text, prefix):
-            jwt = _UNSIGNED_JWT.match(text, i)
-            if jwt is not None and not word_before(text, i):
+            jwt = None if word_before(text, i) else _UNSIGNED_JWT.match(text, i)
+            if jwt is not None:
                 out.append(("secret", i, jwt.end()))

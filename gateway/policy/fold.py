@@ -25,7 +25,8 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from itertools import chain, repeat
+from dataclasses import dataclass
+from itertools import repeat
 
 _DOTS = "\u00b7\u0387\u2024\u2027\u2219\u22c5\u3002\u30fb\ufe52\uff0e\uff61\uff65"
 _SLASHES = "\u2044\u2215\u29f8\uff0f"
@@ -36,9 +37,6 @@ _LIGATURES = range(0xFB00, 0xFB07)  # ﬀ ﬁ ﬂ ﬃ ﬄ ﬅ ﬆ
 # (mathematical letters and digits, other-script digits, format characters) and the tags.
 _PLANES = (range(0x80, 0x20000), range(0xE0000, 0xE1000))
 _MAX_DISTINCT = 16
-_SOFT_HYPHEN = "\u00ad"
-# The foldable characters below U+0100 (checked by the Latin-1 fast path, and by a test).
-_LATIN1_FOLDABLE = "\u00a0\u00aa\u00ad\u00b7\u00ba"
 
 
 def _fold_char(c: str) -> str | None:
@@ -77,11 +75,26 @@ def _char_class(code_points: list[int], gap: int = 1) -> str:
     return "".join(ranges)
 
 
+@dataclass(frozen=True, slots=True)
+class _Tables:
+    table: dict[int, str]
+    """Code point -> what it folds to."""
+    bmp: re.Pattern[str]
+    """One foldable character, for text within the BMP (exact)."""
+    anywhere: re.Pattern[str]
+    """The same for any text (ranges outside the BMP coarsened: a character class with many
+    ranges there costs per character scanned)."""
+    resizing: re.Pattern[str]
+    """One character that folds to more or fewer than one (format characters, ligatures)."""
+    latin1: str
+    """The foldable characters below U+0100."""
+    cp1252: str
+    """The foldable characters of Windows-1252, which most Western text fits in."""
+
+
 @functools.cache
-def _tables() -> tuple[dict[int, str], re.Pattern[str], re.Pattern[str]]:
-    """The fold table (code point -> replacement) and two regexes for a foldable character:
-    one for text within the BMP (exact), one for any text (astral ranges coarsened: a
-    character class with many ranges outside the BMP costs per character scanned).
+def _tables() -> _Tables:
+    """The fold table and what finds its characters fast.
 
     Built on the first non-ASCII text (~40 ms once): a scan of the Unicode database, so it
     follows the running Python's Unicode version.
@@ -94,7 +107,12 @@ def _tables() -> tuple[dict[int, str], re.Pattern[str], re.Pattern[str]]:
                 table[cp] = folded
     bmp = _char_class(sorted(cp for cp in table if cp <= 0xFFFF))
     astral = _char_class(sorted(cp for cp in table if cp > 0xFFFF), gap=1024)
-    return table, re.compile(f"[{bmp}]"), re.compile(f"[{bmp}{astral}]")
+    resizing = _char_class(sorted(cp for cp, folded in table.items() if len(folded) != 1))
+    cp1252 = bytes(range(0x80, 0x100)).decode("cp1252", errors="ignore")
+    return _Tables(table, re.compile(f"[{bmp}]"), re.compile(f"[{bmp}{astral}]"),
+                   re.compile(f"[{resizing}]"),
+                   "".join(chr(cp) for cp in range(0x80, 0x100) if cp in table),
+                   "".join(c for c in cp1252 if ord(c) in table))
 
 
 class Folded:
@@ -115,9 +133,16 @@ class Folded:
             return start, end
         if self._index is None:
             # Built only when a finding needs it: the source position of every folded character.
-            table = _tables()[0]
-            lengths = [len(table.get(ord(c), c)) for c in self.source]
-            self._index = list(chain.from_iterable(map(repeat, range(len(lengths)), lengths)))
+            t = _tables()
+            index: list[int] = []
+            pos = 0
+            for m in t.resizing.finditer(self.source):
+                i = m.start()
+                index.extend(range(pos, i))
+                index.extend(repeat(i, len(t.table[ord(m.group())])))
+                pos = i + 1
+            index.extend(range(pos, len(self.source)))
+            self._index = index
         return self._index[start], self._index[end - 1] + 1
 
 
@@ -125,15 +150,19 @@ def fold(text: str) -> Folded:
     """The detectors' copy of ``text`` (see the module docstring); ``text`` itself if ASCII."""
     if text.isascii():
         return Folded(text, text, False)
-    table, bmp, anywhere = _tables()
-    try:
-        text.encode("latin-1")  # a cheap copy when every character is below U+0100...
-    except UnicodeEncodeError:
-        # ...else one regex scan; UTF-16 is longer than two bytes a character only when
-        # characters outside the BMP are there.
-        foldable = bmp if len(text.encode("utf-16-le")) == 2 * len(text) else anywhere
-    else:
-        return _fold_latin1(text, table)
+    t = _tables()
+    # Most text fits in Latin-1 or Windows-1252, which hold a handful of foldable characters:
+    # an encode (at C speed, stops at the first character outside) says whether it does.
+    for encoding, few in (("latin-1", t.latin1), ("cp1252", t.cp1252)):
+        try:
+            text.encode(encoding)
+        except UnicodeEncodeError:
+            continue
+        return _fold_few(text, few, t.table)
+    # Else one regex scan. UTF-16 is longer than two bytes a character only when characters
+    # outside the BMP are there.
+    foldable = t.bmp if len(text.encode("utf-16-le")) == 2 * len(text) else t.anywhere
+    table = t.table
     out, resized, pos, distinct = text, False, 0, 0
     while (m := foldable.search(out, pos)) is not None:
         c = m.group()
@@ -152,12 +181,14 @@ def fold(text: str) -> Folded:
     return Folded(text, out, resized)
 
 
-def _fold_latin1(text: str, table: dict[int, str]) -> Folded:
+def _fold_few(text: str, chars: str, table: dict[int, str]) -> Folded:
+    """``fold`` for a text whose only foldable characters can be ``chars``."""
     out, resized = text, False
-    for c in _LATIN1_FOLDABLE:
+    for c in chars:
         if c in out:
-            out = out.replace(c, table[ord(c)])
-            resized = resized or c == _SOFT_HYPHEN
+            replacement = table[ord(c)]
+            out = out.replace(c, replacement)
+            resized = resized or len(replacement) != 1
     return Folded(text, out, resized)
 
 

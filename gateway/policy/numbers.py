@@ -50,9 +50,11 @@ def _card_at(text: str, i: int, out: list[Span]) -> int:
     groups = m.group().split(sep) if sep else [m.group()]
     # The longest leading groups of at most 19 digits decide, in one Luhn check: "4111 1111 1111
     # 1111 2024" is a card and a year; "4111 1111 1111 1111 7" a 17-digit number.
-    k = len(groups)
-    while k > 1 and sum(map(len, groups[:k])) > 19:
-        k -= 1
+    k = digits = 0
+    while k < len(groups) and digits + len(groups[k]) <= 19:
+        digits += len(groups[k])
+        k += 1
+    k = max(k, 1)
     number = "".join(groups[:k])
     if 13 <= len(number) <= 19 and number[0] != "0" and _card_groups(groups[:k]) \
             and luhn_valid(number) and not (len(number) == 13 and number[:3] in ("978", "979")) \
@@ -66,13 +68,17 @@ def _card_at(text: str, i: int, out: list[Span]) -> int:
 def cards(s: Shape, out: list[Span]) -> None:
     """Append payment card numbers: 13-19 digits that pass the Luhn check."""
     text, cls = s.plain, s.cls
-    starts = set()
-    for i in (*finds(cls, "0000-000"), *finds(cls, "0" * 13)):
-        while i > 0 and cls[i - 1] == "0":  # back to the start of the digit group
+    starts: list[int] = []
+    previous = -1
+    for hit in sorted({*finds(cls, "0000-000"), *finds(cls, "0" * 13)}):
+        i = hit
+        while i > previous and i > 0 and cls[i - 1] == "0":  # back to the group's start...
             i -= 1
-        starts.add(i)
+        if i > previous:  # ...unless the digits run on to the previous hit (linear time)
+            starts.append(i)
+        previous = hit
     end = -1
-    for i in sorted(starts):
+    for i in starts:
         if i < end or word_before(text, i) or number_before(text, i):
             continue
         end = _card_at(text, i, out)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.policy.fold import _LATIN1_FOLDABLE, _MAX_DISTINCT, _tables, fold
+from gateway.policy.fold import _MAX_DISTINCT, _tables, fold
 
 
 def test_ascii_text_is_returned_as_it_is() -> None:
@@ -64,13 +64,21 @@ def test_spans_map_back_over_removed_and_expanded_characters() -> None:
     assert folded.span(3, 4) == (2, 3)
 
 
-def test_the_latin1_fast_path_knows_every_foldable_character_below_u0100() -> None:
-    table = _tables()[0]
-    assert sorted(_LATIN1_FOLDABLE) == sorted(chr(cp) for cp in table if cp < 0x100)
+def test_the_fast_paths_know_their_foldable_characters() -> None:
+    t = _tables()
+    assert t.latin1 == "\u00a0\u00aa\u00ad\u00b7\u00ba"
+    assert t.cp1252 == "\u2013\u2014\u00a0\u00aa\u00ad\u00b7\u00ba"
+
+
+@pytest.mark.parametrize("text", ["caf\u00e9\u00a0\u00b7 a\u00adb", "\u201ccaf\u00e9\u201d \u2014 \u20ac5",
+                                  "\u201ccaf\u00e9\u201d \u2014 \u20ac5 \u0661"])
+def test_every_path_folds_the_same(text: str) -> None:
+    # Latin-1, Windows-1252 and other text (here an Arabic-Indic digit) take three paths.
+    assert fold(text).text == text.translate(_tables().table)
 
 
 def test_the_table_follows_the_unicode_database() -> None:
-    table = _tables()[0]
+    table = _tables().table
     assert table[0x0669] == "9"  # ARABIC-INDIC DIGIT NINE
     assert table[0x200B] == ""
     assert all(unicodedata.category(chr(cp)) == "Cf" for cp, v in table.items() if v == "")
@@ -78,7 +86,7 @@ def test_the_table_follows_the_unicode_database() -> None:
     assert 0x00B2 not in table  # SUPERSCRIPT TWO
 
 
-FOLDABLE = [chr(cp) for cp in sorted(_tables()[0])]
+FOLDABLE = [chr(cp) for cp in sorted(_tables().table)]
 ALPHABET = st.sampled_from([*FOLDABLE, "a", "1", " ", "@", ".", "\u00e9", "\u20ac", "\U0001f600"])
 
 
@@ -87,7 +95,7 @@ ALPHABET = st.sampled_from([*FOLDABLE, "a", "1", " ", "@", ".", "\u00e9", "\u20a
 def test_fold_equals_translating_every_character(text: str) -> None:
     # Whichever path fold takes (Latin-1, one replace per character, or translate past
     # _MAX_DISTINCT kinds), the result is the per-character table applied to the text.
-    table = _tables()[0]
+    table = _tables().table
     folded = fold(text)
     assert folded.text == text.translate(table)
     for k in range(len(folded.text)):
@@ -97,4 +105,4 @@ def test_fold_equals_translating_every_character(text: str) -> None:
 
 def test_many_kinds_of_foldable_character_take_one_linear_pass() -> None:
     text = "".join(FOLDABLE[: 3 * _MAX_DISTINCT]) * 3
-    assert fold(text).text == text.translate(_tables()[0])
+    assert fold(text).text == text.translate(_tables().table)
