@@ -70,7 +70,8 @@ def test_the_fast_paths_know_their_foldable_characters() -> None:
     assert t.cp1252 == "\u2013\u2014\u00a0\u00aa\u00ad\u00b7\u00ba"
 
 
-@pytest.mark.parametrize("text", ["caf\u00e9\u00a0\u00b7 a\u00adb", "\u201ccaf\u00e9\u201d \u2014 \u20ac5",
+@pytest.mark.parametrize("text", ["caf\u00e9\u00a0\u00b7 a\u00adb",
+                                  "\u201ccaf\u00e9\u201d \u2014 \u20ac5",
                                   "\u201ccaf\u00e9\u201d \u2014 \u20ac5 \u0661"])
 def test_every_path_folds_the_same(text: str) -> None:
     # Latin-1, Windows-1252 and other text (here an Arabic-Indic digit) take three paths.
