@@ -335,7 +335,7 @@ class Admission:
         """Hands free slots to the next waiters in fair order (more than one when the limit
         rose)."""
         while state.waiters and state.active < self._limit_of(state):
-            waiter = state.waiters.pop()
+            waiter = state.waiters.pop(state.holders)
             if waiter is not None and not waiter.future.done():
                 waiter.future.set_result(None)
                 state.hold(waiter.tenant)

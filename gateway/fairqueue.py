@@ -8,7 +8,9 @@ per-request form of weighted fair queuing:
 - a waiter of tenant *t* arriving gets the finish tag ``F = max(V, last_t) + 1 / weight_t``,
   where ``V`` is the tag of the waiter served last in its class and ``last_t`` the tag of *t*'s
   newest waiter;
-- ``pop`` serves the waiter with the smallest tag (ties: the tenant that waited first).
+- ``pop`` serves the waiter with the smallest tag; on a tie, the tenant holding fewer slots
+  (a tenant with a backlog and one that just arrived often tie: the newcomer goes first), then
+  the tenant that waited first.
 
 So a tenant with a backlog advances its own tags by ``1 / weight`` per waiter while a tenant
 that sends now and then starts from ``V``: it is served within about one turn of every other
@@ -101,14 +103,18 @@ class FairQueue(Generic[T]):
         flow.last = tag
         self._len += 1
 
-    def pop(self) -> T | None:
-        """The next waiter to serve, removed; None when empty."""
+    def pop(self, usage: Mapping[str, int] | None = None) -> T | None:
+        """The next waiter to serve, removed; None when empty. ``usage``: slots each tenant
+        holds (breaks ties)."""
+        held = usage or {}
         for cls in self._classes.values():
             best: _Flow[T] | None = None
             best_tenant = ""
+            best_key = (0.0, 0)
             for tenant, flow in cls.flows.items():
-                if best is None or flow.items[0][0] < best.items[0][0]:
-                    best, best_tenant = flow, tenant
+                key = (flow.items[0][0], held.get(tenant, 0))
+                if best is None or key < best_key:
+                    best, best_tenant, best_key = flow, tenant, key
             if best is not None:
                 tag, item = best.items.popleft()
                 cls.vtime = max(cls.vtime, tag)

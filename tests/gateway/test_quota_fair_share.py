@@ -41,6 +41,16 @@ def test_a_tenant_with_a_backlog_does_not_delay_a_newcomer_by_more_than_a_turn()
     assert [x for x in order if x.startswith("a")] == [f"a{i}" for i in range(20)]  # FIFO inside
 
 
+def test_a_tie_goes_to_the_tenant_holding_fewer_slots() -> None:
+    q: FairQueue[str] = FairQueue()
+    q.push("a0", tenant="a", priority=INTERACTIVE, weight=1.0)
+    q.push("b0", tenant="b", priority=INTERACTIVE, weight=1.0)  # the same tag as a0
+    assert q.pop({"a": 4}) == "b0"
+    q.push("b1", tenant="b", priority=INTERACTIVE, weight=1.0)
+    assert q.pop({"a": 4, "b": 1}) == "a0"  # b1's tag is later: no tie
+    assert drain(q) == ["b1"]
+
+
 def test_backlogged_tenants_share_in_proportion_to_their_weights() -> None:
     q: FairQueue[str] = FairQueue()
     for i in range(60):
