@@ -4,8 +4,8 @@ E-mail: a ``@`` (a full-width one arrives folded) with a local part and a domain
 allowed on either side. Spelled-out at-signs are where false positives hide ("look at
 example.com", "the dot com boom"), so each form asks for something prose does not write:
 a bracketed ``[at]``/``(at)`` always counts; a plain `` at `` only after a local part that a word
-is not (a digit, ``.``, ``_`` or ``+`` in it: ``john.doe at example.com``), or in capitals with
-`` DOT `` (``john AT example DOT com``).
+is not (a digit, ``.``, ``_`` or ``+`` in it, and two letters: ``john.doe at example.com``, not
+``v2.1 at python.org``), or in capitals with `` DOT `` (``john AT example DOT com``).
 
 Phones: ``+CC ...`` and ``00CC ...`` international forms, ``(555) 123-4567``, US ``555-123-4567``
 (also with dots, spaces or a leading ``1``), national forms with a trunk ``0`` (``020 7946

@@ -1,9 +1,11 @@
 """Secrets told by what surrounds them rather than by their shape alone (``tokens`` has those).
 
-- ``password=...`` pairs: ``password``, ``passwd``, ``passphrase``, ``pwd`` (also as the end of
-  a longer name: ``DB_PASSWORD``, ``aws_secret_access_key``, ``api_key``...) then ``=`` or ``:``
-  and a value. With ``:`` (prose writes "Password: see below") the value must be quoted or hold
-  a digit or symbol. Placeholders (``<password>``, ``${PASS}``, ``****``) are not secrets.
+- ``password=...`` pairs: a key (``password``, ``passwd``, ``passphrase``, ``pwd``, ``pass``
+  with ``=`` only, ``api_key``, ``access_token``, ``client_secret``, ``secret_access_key``...,
+  also at the end of a longer name: ``DB_PASSWORD``, ``aws_secret_access_key``), ``=`` or ``:``,
+  a value. With ``:`` (prose writes "Password: see below") the value must be quoted or hold a
+  digit or symbol. Placeholders (``<password>``, ``${PASS}``, ``****``, ``YOUR_API_KEY``) are
+  not secrets.
 - HTTP Basic credentials: ``Basic <base64>`` that decodes to ``user:password`` (or follows
   ``Authorization``, for case-folded text), and ``scheme://user:password@host`` in URLs.
 - AWS secret access keys: 40 base64 characters in a text that also holds an access key id

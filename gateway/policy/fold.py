@@ -14,10 +14,12 @@ one ASCII character (full-width letters and symbols, mathematical letters) becom
 character, and the Latin ligatures (``ﬁ``) their letters. Numeric characters that are not decimal
 digits (``²``, ``½``, ``①``) stay: folding them would glue them to their neighbours (``10²``).
 
-ASCII text, the common case, is returned as it is. Other text costs one regex scan for a
-foldable character, then one ``str.replace`` per distinct foldable character found (at most
-``_MAX_DISTINCT`` of them, past that one ``str.translate``). When folding removed or expanded
-characters, ``Folded.span`` maps a span of the folded text back to the original.
+ASCII text, the common case, is returned as it is. Text that fits in Latin-1 or Windows-1252
+costs one encode and a ``str.replace`` per foldable character present (at most seven exist there).
+Other text costs one regex scan for a foldable character, then one ``str.replace`` per distinct
+foldable character found (at most ``_MAX_DISTINCT`` of them, past that one ``str.translate``).
+When folding removed or expanded characters, ``Folded.span`` maps a span of the folded text back
+to the original. The tables are built from ``unicodedata`` on the first non-ASCII text.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def _char_class(code_points: list[int], gap: int = 1) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Tables:
+    """Everything ``fold`` looks up, built once."""
+
     table: dict[int, str]
     """Code point -> what it folds to."""
     bmp: re.Pattern[str]
