@@ -4,12 +4,13 @@ folded forms (other scripts' digits, invisible characters) mapped back to the or
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.policy import DETECTORS, Finding, redact, scan
+from gateway.policy import DETECTORS, Finding, Policy, Privacy, Rule, evaluate, redact, scan
 from gateway.policy.detectors import iban_valid, luhn_valid
 
 
@@ -286,6 +287,20 @@ def test_redaction_masks_the_original_characters_of_a_folded_value() -> None:
     findings = scan(text, DETECTORS)
     assert [f.detector for f in findings] == ["card", "email"]
     assert redact(text, findings) == "Karte [CARD]\u3001mail [EMAIL]\u3002\uff08\uff11\uff09"
+
+
+def test_the_backend_and_the_key_see_the_normalised_text_not_the_folded_one() -> None:
+    rule = Rule(name="r", privacy=Privacy(detectors={"card": "redact", "email": "no_store"}))
+    policy = Policy(version="v1", rules=(rule,))
+    args: dict[str, Any] = {"route": "/v1/embeddings", "model": "minilm", "tenant": "t",
+                            "headers": {}}
+    card = "\uff14\uff11\uff11\uff11" + "\uff0d\uff11\uff11\uff11\uff11" * 3  # 4111-1111-...
+    text = f"\uff12\uff10\uff12\uff14\u5e74 {card} \u2014 ok"  # a year, a card, an em dash
+    decision = evaluate(policy, texts=[text, "mail jo\u200bhn@example.com"], **args)
+    assert decision.items[0].text == "\uff12\uff10\uff12\uff14\u5e74 [CARD] \u2014 ok"
+    assert decision.items[0].store is True
+    assert decision.items[1].text == "mail jo\u200bhn@example.com"
+    assert decision.items[1].store is False
 
 
 @settings(max_examples=200, deadline=None, database=None)
