@@ -33,6 +33,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.middleware import make_error_middleware
 from gateway.observe import MetricsObserver
 from gateway.pipeline import Pipeline
+from gateway.policy import fold
 from gateway.policy.store import PolicyStore
 from gateway.policy.targets import KnownModels
 from gateway.quota.limiter import QuotaGate
@@ -139,6 +140,9 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
         # Each backend by its URL's scheme: http(s):// over the session, grpc:// over gRPC.
         transport = SchemeTransport({"http": http, "https": http, "grpc": grpc})
         policies = app[state.POLICIES]
+        # The PII fold tables, built off the loop before traffic (else the first non-ASCII
+        # request pays for them).
+        await asyncio.get_running_loop().run_in_executor(None, fold.prepare)
         await policies.reload()
         await policies.start()
         tenants = app[state.TENANTS]
