@@ -8,6 +8,7 @@ both expire after ``batch.retention_s``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,7 +77,9 @@ class FileStore:
     async def upload(self, tenant: str, filename: str, data: bytes) -> FileMeta:
         """Check an input file and store it (413/422 when it breaks a limit)."""
         s = self._settings
-        lines = check_upload(data, max_lines=s.max_lines, max_line_bytes=s.max_line_bytes)
+        # Up to batch.max_lines JSON lines to parse: in a thread, not on the event loop.
+        lines = await asyncio.to_thread(check_upload, data, max_lines=s.max_lines,
+                                        max_line_bytes=s.max_line_bytes)
         return await self._store(tenant, new_file_id(), filename, INPUT, data, lines,
                                  limit=s.max_stored_bytes)
 
