@@ -247,7 +247,8 @@ class NullObserver:
 
 class MetricsObserver:
     """Observer over ``GatewayMetrics`` (Prometheus). Counters and histograms on the request path
-    go through a ``Tally`` (batched; ``flush`` hands them over); gauges are set at once."""
+    go through a ``Tally`` (batched; ``flush`` hands them over), and so do the admission gauges
+    that move with every backend call (their latest value); other gauges are set at once."""
 
     def __init__(self, metrics: GatewayMetrics, *, top_tenants: int = 20) -> None:
         self.metrics = metrics
@@ -384,9 +385,11 @@ class MetricsObserver:
         self.metrics.redis_circuit_open.set(1 if is_open else 0)
 
     def admission(self, tier: str, waiting: int, inflight: int) -> None:
-        m = self.metrics
-        m.child(m.queue_depth, tier).set(waiting)
-        m.child(m.inflight, tier).set(inflight)
+        # Twice per backend call (grant, release): batched like the counters; setting them at
+        # once took a lock each (and a memory-mapped write with several workers) on every miss.
+        m, t = self.metrics, self.tally
+        t.set(m.queue_depth, (tier,), waiting)
+        t.set(m.inflight, (tier,), inflight)
 
     def concurrency_limit(self, tier: str, limit: int, min_rtt_s: float | None) -> None:
         m = self.metrics

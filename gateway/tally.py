@@ -2,9 +2,10 @@
 
 A prometheus-client update costs a lock and (in multiprocess mode) a write to a memory-mapped
 file; a cache hit made half a dozen of them. ``Tally`` adds to a dict instead and ``flush``
-turns each distinct series into one ``inc`` (counters) or one bucket update (histograms). The
-gateway flushes every ``interval_s`` (so other workers' values reach a scrape within it) and
-right before it renders ``/metrics`` (so the scraped worker's own values are exact).
+turns each distinct series into one ``inc`` (counters), one bucket update (histograms) or one
+``set`` of the latest value (gauges that move on every call). The gateway flushes every
+``interval_s`` (so other workers' values reach a scrape within it) and right before it renders
+``/metrics`` (so the scraped worker's own values are exact).
 
 Histogram observations are aggregated into the histogram's own buckets: the flush adds the
 bucket counts and the sum through the child's ``_buckets``/``_sum`` values, which is what
@@ -36,6 +37,7 @@ class Tally:
     def __init__(self) -> None:
         self._counts: dict[Hashable, list[Any]] = {}  # key -> [child, pending amount]
         self._hists: dict[Hashable, _Series] = {}
+        self._gauges: dict[Hashable, list[Any]] = {}  # key -> [child, latest value, changed]
         self._task: asyncio.Task[None] | None = None
 
     def inc(self, metric: Any, labels: tuple[str, ...], amount: float = 1.0) -> None:
@@ -55,8 +57,21 @@ class Tally:
             series.buckets[i] += 1
         series.total += value
 
+    def set(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
+        """A gauge's latest value; the flush sets it once, however often it moved since."""
+        key = (id(metric), labels)
+        slot = self._gauges.get(key)
+        if slot is None:
+            slot = self._gauges[key] = [metric.labels(*labels) if labels else metric, 0.0, True]
+        slot[1] = value
+        slot[2] = True
+
     def flush(self) -> None:
         """Hand everything pending to prometheus-client."""
+        for slot in self._gauges.values():
+            if slot[2]:
+                slot[0].set(slot[1])
+                slot[2] = False
         for slot in self._counts.values():
             if slot[1]:
                 slot[0].inc(slot[1])

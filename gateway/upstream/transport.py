@@ -24,8 +24,9 @@ Cancellation (the caller's deadline) passes through untouched.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -132,12 +133,14 @@ class SchemeTransport(Transport):
     def __init__(self, by_scheme: Mapping[str, Transport]) -> None:
         self.by_scheme = dict(by_scheme)
 
-    async def send(self, request: Request, *, timeout_s: float) -> Reply:
+    def send(self, request: Request, *, timeout_s: float) -> Coroutine[Any, Any, Reply]:
+        # Not a coroutine of its own: it hands back the chosen transport's, so a call costs no
+        # extra frame (raising at once for an unknown scheme, which callers await in a try).
         scheme, _, _ = request.url.partition("://")
         transport = self.by_scheme.get(scheme)
         if transport is None:
             raise TransportError(f"no transport for {scheme}:// URLs")
-        return await transport.send(request, timeout_s=timeout_s)
+        return transport.send(request, timeout_s=timeout_s)
 
     async def close(self) -> None:
         for transport in dict.fromkeys(self.by_scheme.values()):  # each one once

@@ -97,10 +97,10 @@ def error_message(body: bytes) -> str:
     return str(error)[:200] if error is not None else ""
 
 
-def _number(value: Any, default: float) -> float:
+def _number(value: Any) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
-    return default
+    return None
 
 
 def _attach_binary(outputs: list[Any], binary: bytes, backend: str) -> None:
@@ -178,12 +178,19 @@ def parse_embeddings(
         raise BadGateway(f"backend {backend} answered non-finite numbers")
     params = doc.get("parameters")
     params = params if isinstance(params, dict) else {}
-    timing = server_timing(headers)
+    queue_ms = _number(params.get("queue_time_ms"))
+    compute_ms = _number(params.get("compute_time_ms"))
+    if queue_ms is None or compute_ms is None:
+        # Server-Timing is parsed only when the body lacks the figures: a miss does not wait
+        # for a string scan our backend's answers never need.
+        timing = server_timing(headers)
+        queue_ms = timing.get("queue", 0.0) if queue_ms is None else queue_ms
+        compute_ms = timing.get("compute", 0.0) if compute_ms is None else compute_ms
     version = doc.get("model_version")
     return Embeddings(
         vectors=vectors,
-        queue_ms=_number(params.get("queue_time_ms"), timing.get("queue", 0.0)),
-        compute_ms=_number(params.get("compute_time_ms"), timing.get("compute", 0.0)),
+        queue_ms=queue_ms,
+        compute_ms=compute_ms,
         model_version=version if isinstance(version, str) else None,
         token_counts=_token_counts(doc, outputs, n),
     )

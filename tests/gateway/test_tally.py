@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gateway.metrics import LATENCY_BUCKETS, GatewayMetrics
 from gateway.observe import MetricsObserver
@@ -37,6 +37,33 @@ def test_counters_and_histograms_match_direct_updates() -> None:
     tally.flush()  # nothing pending: nothing changes
     assert batched.get_sample_value("c_total", {"a": "x"}) == direct.get_sample_value(
         "c_total", {"a": "x"})
+
+
+def test_gauges_take_their_latest_value_at_the_flush() -> None:
+    registry = CollectorRegistry()
+    gauge = Gauge("g", "g", ["tier"], registry=registry)
+    tally = Tally()
+    for value in (3, 7, 2):
+        tally.set(gauge, ("zone",), value)
+    assert registry.get_sample_value("g", {"tier": "zone"}) == 0  # nothing handed over yet
+    tally.flush()
+    assert registry.get_sample_value("g", {"tier": "zone"}) == 2
+    gauge.labels("zone").set(9)  # set elsewhere since: an idle flush leaves it alone
+    tally.flush()
+    assert registry.get_sample_value("g", {"tier": "zone"}) == 9
+    tally.set(gauge, ("zone",), 0)
+    tally.flush()
+    assert registry.get_sample_value("g", {"tier": "zone"}) == 0
+
+
+def test_admission_gauges_are_exact_at_every_collection() -> None:
+    metrics = GatewayMetrics(CollectorRegistry())
+    observer = MetricsObserver(metrics)
+    observer.admission("zone", 4, 2)
+    observer.admission("zone", 3, 1)
+    registry = metrics.registry  # collecting flushes the tally first
+    assert registry.get_sample_value("gateway_queue_depth", {"tier": "zone"}) == 3
+    assert registry.get_sample_value("gateway_upstream_inflight", {"tier": "zone"}) == 1
 
 
 def test_reading_the_registry_flushes_first() -> None:
