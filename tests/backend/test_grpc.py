@@ -22,7 +22,12 @@ from google.protobuf.descriptor import Descriptor
 from tritonclient.grpc import service_pb2 as triton
 from tritonclient.utils import InferenceServerException
 
+from backend.dataplane import DataPlane
+from backend.metrics import BackendMetrics
+from backend.model import EmbeddingModel
 from backend.rpc import inference_pb2 as ours
+from backend.rpc.server import grpc_server
+from backend.settings import ServeSettings
 from bench.procs import Service, free_port
 from tests.backend.serving import metric
 
@@ -252,3 +257,39 @@ def layout(message: Descriptor) -> list[Any]:
                f.containing_oneof.name if f.containing_oneof else None)
               for f in message.fields]
     return sorted(fields, key=lambda f: f[0])
+
+
+async def test_a_model_not_ready_is_unavailable_with_retry_after(
+    models: list[EmbeddingModel],
+) -> None:
+    """The service in-process over a data plane that has not warmed up (never started)."""
+    import grpc.aio
+
+    port = free_port()
+    settings = ServeSettings(device="cpu", grpc_port=port)
+    metrics = BackendMetrics()
+    plane = DataPlane(models, settings, metrics)
+    request = ours.ModelInferRequest(model_name="minilm")
+    request.inputs.add(name="text", datatype="BYTES", shape=[1])
+    request.inputs[0].contents.bytes_contents.append(b"too early")
+    async with grpc_server(plane, metrics, settings), \
+            grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        ready = channel.unary_unary(
+            "/inference.GRPCInferenceService/ServerReady",
+            request_serializer=ours.ServerReadyRequest.SerializeToString,
+            response_deserializer=ours.ServerReadyResponse.FromString,
+        )
+        assert (await ready(ours.ServerReadyRequest(), timeout=10)).ready is False
+        infer = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=ours.ModelInferRequest.SerializeToString,
+            response_deserializer=ours.ModelInferResponse.FromString,
+        )
+        call = infer(request, timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "not ready" in (info.value.details() or "")
+    assert dict(info.value.trailing_metadata() or ())["retry-after"] == "1"
+    assert metric(metrics.render()[0].decode(), "backend_requests_total", protocol="grpc",
+                  status="503") == 1
