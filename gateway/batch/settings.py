@@ -27,8 +27,9 @@ class BatchSettings:
     """The Redis that holds batch queues, state and files; unset: ``redis.url``. Give batches
     their own Redis with persistence (AOF) and ``noeviction`` when the cache Redis evicts."""
     storage_dir: str | None = None
-    """Directory for file contents (shared by every gateway process that serves batches);
-    unset: contents are kept in Redis with the metadata."""
+    """Directory for file contents; unset: contents are kept in Redis with the metadata. Every
+    gateway process sharing the batch Redis must use the same storage: the same directory (a
+    shared volume across hosts), or none."""
     retention_s: float = 7 * 86_400.0
     """How long uploaded, output and error files and finished batches are kept."""
     max_file_bytes: int = 64 * MiB

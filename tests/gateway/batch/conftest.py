@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -22,8 +23,9 @@ from typing import Any
 import openai
 import pytest
 import redis
+import yaml
 
-from bench import services
+from bench.procs import Service, clean_env
 from bench.services import Server
 from gateway.tenants import key_digest
 from tests.conftest import free_port, wait_port
@@ -107,15 +109,25 @@ class Gateways:
     workdir: Path
     started: list[Server] = field(default_factory=list)
 
-    def start(self, **batch: Any) -> Server:
+    def start(self, *, backend_url: str | None = None, **batch: Any) -> Server:
+        """A gateway process over this module's Redis, in front of the real backend (or
+        ``backend_url``: then ready once it answers ``/healthz``, backend or not), with
+        ``batch`` settings on top of quick take-over defaults."""
         n = len(self.started)
         settings = {"tenants_file": str(self.tenants), "logging": {"level": "WARNING"},
                     "routing": {"health_interval_s": 0.5},
                     "cache": {"node": {"path": str(self.workdir / f"node-{n}")}},
                     "batch": {"claim_idle_s": 2.0, "retry_max_s": 0.5, **batch}}
-        server = services.gateway(self.backend.url, cores=None, redis_url=self.redis.url,
-                                  settings=settings, name=f"batch-gateway-{n}")
+        config = self.workdir / f"gateway-{n}.yaml"
+        config.write_text(yaml.safe_dump(settings), encoding="utf-8")
+        port = free_port()
+        argv = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port",
+                str(port), "--backend", backend_url or self.backend.url, "--workers", "1",
+                "--redis", self.redis.url, "--config", str(config)]
+        server = Server(Service(f"batch-gateway-{n}", argv, env=clean_env()).start(), port)
         self.started.append(server)
+        ready = "/healthz" if backend_url else "/readyz"
+        server.service.wait_http(server.url + ready, timeout_s=60)
         return server
 
     def stop_all(self) -> None:

@@ -1,6 +1,9 @@
-"""Crashes mid-batch: a gateway process killed with SIGKILL while it holds queue entries, and
-Redis itself killed and restarted. Either way the batch completes with every input line exactly
-once in its output and error files."""
+"""Crashes mid-batch: a gateway process killed with SIGKILL while it holds queue entries, Redis
+itself killed and restarted, and no backend at all for a while. Each time the batch completes
+with every input line exactly once in its output and error files, and none failed for it.
+
+The two gateway processes of the crash test keep file contents in one shared directory
+(``batch.storage_dir``), as processes on one host (or a shared volume) would."""
 
 from __future__ import annotations
 
@@ -8,19 +11,24 @@ import os
 import secrets
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 
 from bench.services import Server
+from tests.conftest import free_port
 from tests.gateway.batch.conftest import (
     Gateways,
     PersistentRedis,
     client,
+    embedding_lines,
     jsonl,
     read_lines,
     wait_finished,
 )
+from tests.gateway.conftest import metric_value, start_backend, stop_process
 
 LINES = 40
 # Slow enough per line (several long texts) that the batch is still running when we strike.
@@ -60,9 +68,11 @@ def pending_of(redis: PersistentRedis, pid: int) -> int:
                if c["name"].decode().split(":")[1] == str(pid))
 
 
-def test_a_killed_worker_process_has_its_lines_taken_over(gateways: Gateways) -> None:
-    first: Server = gateways.start(concurrency=2, chunk_lines=4)
-    second: Server = gateways.start(concurrency=2, chunk_lines=4)
+def test_a_killed_worker_process_has_its_lines_taken_over(gateways: Gateways,
+                                                         tmp_path: Path) -> None:
+    shared = str(tmp_path / "files")
+    first: Server = gateways.start(concurrency=2, chunk_lines=4, storage_dir=shared)
+    second: Server = gateways.start(concurrency=2, chunk_lines=4, storage_dir=shared)
     api = client(second)
     rows = heavy_rows(f"crash-{secrets.token_hex(4)}")
     batch_id = start_batch(api, rows)
@@ -77,6 +87,10 @@ def test_a_killed_worker_process_has_its_lines_taken_over(gateways: Gateways) ->
     assert before.request_counts.completed < LINES
     assert_each_line_once(api, batch_id, rows)
     assert pending_of(gateways.redis, victim) == 0  # its entries were claimed and acknowledged
+    # The input and the output file in the shared directory (no error file: nothing failed)...
+    assert len(list(Path(shared).iterdir())) == 2
+    assert not gateways.redis.client().keys("*:data")  # ...and no contents in Redis
+    gateways.stop_all()  # every process sharing a batch Redis must share its storage too
 
 
 def test_a_batch_resumes_after_redis_restarts(gateways: Gateways) -> None:
@@ -102,3 +116,32 @@ def test_a_batch_resumes_after_redis_restarts(gateways: Gateways) -> None:
     middle = api.batches.retrieve(batch_id)
     assert middle.status == "in_progress" and middle.request_counts.completed < LINES
     assert_each_line_once(api, batch_id, rows)
+    gateways.stop_all()
+
+
+def test_a_batch_waits_for_a_backend_and_never_fails_for_its_absence(
+        gateways: Gateways, models_dir: Path) -> None:
+    gateways.stop_all()  # this gateway alone, so no other one runs the lines
+    port = free_port()
+    server = gateways.start(concurrency=2, chunk_lines=4,
+                            backend_url=f"http://127.0.0.1:{port}")
+    api = client(server)
+    rows = embedding_lines([f"no backend yet {secrets.token_hex(4)} {i}" for i in range(12)])
+    upload = api.files.create(file=("wait.jsonl", jsonl(rows)), purpose="batch")
+    batch_id = api.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings",
+                                  completion_window="24h").id
+    time.sleep(2.0)  # lines meet connection refusals, then a backend marked down
+    waiting = api.batches.retrieve(batch_id)
+    assert waiting.status == "in_progress"
+    assert (waiting.request_counts.completed, waiting.request_counts.failed) == (0, 0)
+    backend = start_backend(models_dir, port=port)
+    try:
+        done = wait_finished(api, batch_id, timeout_s=90)
+    finally:
+        stop_process(backend.proc)
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (len(rows), 0)
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    held = (metric_value(text, "gateway_batch_lines_total", outcome="retried")
+            + metric_value(text, "gateway_batch_deferred_total", reason="no_backend"))
+    assert held > 0
