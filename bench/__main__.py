@@ -1,4 +1,4 @@
-"""Run benchmarks by name: ``python -m bench all|backend|gateway|cache|policy|overload``.
+"""Run benchmarks by name: ``python -m bench all|backend|latency|gateway|cache|policy|overload``.
 
 ``fuzz`` (the OpenAPI-driven fuzzer, 10,000 cases per service), ``batch`` (a 10,000-line batch job
 beside interactive load, a few minutes) and ``soak`` (10 minutes of mixed
@@ -17,7 +17,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-ORDER = ("policy", "cache", "backend", "gateway", "overload", "tenants", "resilience")
+ORDER = ("policy", "cache", "backend", "latency", "gateway", "overload", "tenants",
+         "resilience")
 BY_NAME = ("fuzz", "soak", "batch")  # long runs, never part of "all"
 
 
