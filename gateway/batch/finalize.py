@@ -38,18 +38,28 @@ def _custom_id(raw: bytes) -> str | None:
     return value if isinstance(value, str) else None
 
 
+class Busy(Exception):
+    """Another worker is finalizing the batch now: leave this entry for later."""
+
+
 class Finalizer:
-    """Writes a batch's output and error files and sets its final status."""
+    """Writes a batch's output and error files and sets its final status, one worker at a
+    time per batch (a lock, extended page by page): a finalize entry delivered twice must not
+    interleave two writers' pages."""
 
     def __init__(self, jobs: JobStore, files: FileStore, inputs: InputFiles,
-                 observer: Observer, *, clock: Callable[[], float] = time.time) -> None:
+                 observer: Observer, *, owner: str, lock_ttl_s: float,
+                 clock: Callable[[], float] = time.time) -> None:
         self._jobs = jobs
         self._files = files
         self._inputs = inputs
         self._observer = observer
         self._clock = clock
+        self._owner = owner
+        self._lock_ttl_s = lock_ttl_s
 
     async def run(self, batch_id: str) -> None:
+        """Finalize the batch if it is due; ``Busy`` while another worker finalizes it."""
         job = await self._jobs.load(batch_id)
         if job is None or job.status in TERMINAL:
             return
@@ -59,12 +69,16 @@ class Finalizer:
             ending = job.fields.get("ending") or "completed"
         else:  # still running: the entry came early (never written so); its end brings another
             return
+        if not await self._jobs.lock(batch_id, self._owner, self._lock_ttl_s):
+            raise Busy(batch_id)
         out_id, err_id = output_file_id(batch_id, "output"), output_file_id(batch_id, "errors")
         await self._files.begin_output(out_id)
         await self._files.begin_output(err_id)
         counts = {"o": [0, 0], "e": [0, 0]}  # lines, bytes
         lines: list[Line] | None = None
         for start in range(0, job.total, _PAGE):
+            if not await self._jobs.lock(batch_id, self._owner, self._lock_ttl_s):
+                raise Busy(batch_id)  # our lock lapsed and another worker took over
             indexes = list(range(start, min(job.total, start + _PAGE)))
             pages: dict[str, list[bytes]] = {"o": [], "e": []}
             found = await self._jobs.results(batch_id, indexes)

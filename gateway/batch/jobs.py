@@ -220,6 +220,18 @@ class JobStore:
         found = await self._redis.hmget(self._keys.results(batch_id), indexes)
         return [v is not None for v in found]
 
+    async def lock(self, batch_id: str, owner: str, ttl_s: float) -> bool:
+        """Take (or, for its owner, extend) the batch's finalization lock; False while another
+        worker holds it. Two finalizations at once would interleave their file writes."""
+        key = self._keys.finalizing(batch_id)
+        if await self._redis.set(key, owner, nx=True, px=int(ttl_s * 1000)):
+            return True
+        held = await self._redis.get(key)
+        if held == owner.encode():
+            await self._redis.pexpire(key, int(ttl_s * 1000))
+            return True
+        return False
+
     async def results(self, batch_id: str, indexes: list[int]) -> list[bytes | None]:
         found: list[bytes | None] = await self._redis.hmget(self._keys.results(batch_id),
                                                             indexes)
@@ -239,7 +251,7 @@ class JobStore:
         """After the final status: the batch leaves the active sets; its results go."""
         k = self._keys
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(k.results(job.id))
+            pipe.delete(k.results(job.id), k.finalizing(job.id))
             pipe.pexpire(k.batch(job.id), self._ttl_ms())
             pipe.hdel(k.file(job.input_file_id), READER + job.id)
             await pipe.execute()

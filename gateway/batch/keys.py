@@ -10,6 +10,7 @@ Keys carry ids and tenant ids only, never request text or API keys::
     {p}:batch:{batch_id}          HASH    the batch object's fields and request counts
     {p}:batch:{batch_id}:results  HASH    line index -> "o" or "e" + the output/error JSONL line
                                           (HSETNX: the first answer for a line wins)
+    {p}:batch:{batch_id}:finalizing STRING  the consumer finalizing it (SET NX PX): one at a time
     {p}:tenant:{tag}:files          ZSET    the tenant's file ids, scored by expiry time
     {p}:tenant:{tag}:sizes          HASH    file id -> bytes (the tenant's stored-bytes quota)
     {p}:tenant:{tag}:batches        ZSET    the tenant's batch ids, scored by creation (listing)
@@ -77,6 +78,9 @@ class Keys:
 
     def results(self, batch_id: str) -> str:
         return f"{self.prefix}:batch:{batch_id}:results"
+
+    def finalizing(self, batch_id: str) -> str:
+        return f"{self.prefix}:batch:{batch_id}:finalizing"
 
     def tenant_files(self, tenant: str) -> str:
         return f"{self.prefix}:tenant:{scope_tag(tenant)}:files"

@@ -97,10 +97,12 @@ async def _lifetime(app: web.Application, url: str) -> AsyncIterator[None]:
     gate = Gate(app[state.ADMISSION], router, share=batch.share, concurrency=batch.concurrency,
                 observer=observer, lag=lag)
     inputs = InputFiles(blobs)
+    consumer = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+    finalizer = Finalizer(jobs, files, inputs, observer, owner=consumer,
+                          lock_ttl_s=batch.claim_idle_s * 2)
     worker = Worker(client, keys, jobs=jobs, runner=runner, gate=gate, lag=lag,
-                    finalizer=Finalizer(jobs, files, inputs, observer), inputs=inputs,
-                    blobs=blobs, settings=batch, observer=observer,
-                    consumer=f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}")
+                    finalizer=finalizer, inputs=inputs, blobs=blobs, settings=batch,
+                    observer=observer, consumer=consumer)
     worker.start()
     try:
         yield

@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.batch.blobs import Blobs
-from gateway.batch.finalize import Finalizer
+from gateway.batch.finalize import Busy, Finalizer
 from gateway.batch.gate import Gate, LoopLag
 from gateway.batch.inputs import InputFiles
 from gateway.batch.jobs import Job, JobStore
@@ -165,6 +165,8 @@ class Worker:
                 pipe.xack(self._keys.queue, GROUP, entry_id)
                 pipe.xdel(self._keys.queue, entry_id)
                 await pipe.execute()
+        except Busy:
+            pass  # another worker finalizes it; this entry is acknowledged once that is done
         except (RedisError, OSError) as exc:
             log.warning("batch worker: entry left for a retry (Redis)",
                         extra={"entry": entry_id.decode(), "error": type(exc).__name__})

@@ -16,8 +16,12 @@ from typing import Any
 
 import httpx
 import openai
+import redis.asyncio as aioredis
 
 from bench.services import Server
+from gateway.batch.jobs import JobStore
+from gateway.batch.keys import Keys, new_batch_id
+from gateway.batch.settings import BatchSettings
 from tests.conftest import free_port
 from tests.gateway.batch.conftest import (
     Gateways,
@@ -145,3 +149,19 @@ def test_a_batch_waits_for_a_backend_and_never_fails_for_its_absence(
     held = (metric_value(text, "gateway_batch_lines_total", outcome="retried")
             + metric_value(text, "gateway_batch_deferred_total", reason="no_backend"))
     assert held > 0
+
+
+async def test_one_finalizer_at_a_time(batch_redis: PersistentRedis) -> None:
+    """A finalize entry delivered twice (a retried XADD, a take-over) finds the batch locked:
+    the second finalizer steps back instead of interleaving its writes with the first's."""
+    client = aioredis.Redis.from_url(batch_redis.url)
+    try:
+        jobs = JobStore(client, Keys("gw:test-lock"), BatchSettings())
+        batch_id = new_batch_id()
+        assert await jobs.lock(batch_id, "worker-a", 5.0)
+        assert await jobs.lock(batch_id, "worker-a", 5.0)  # its owner extends it
+        assert not await jobs.lock(batch_id, "worker-b", 5.0)
+        await client.delete(Keys("gw:test-lock").finalizing(batch_id))  # released
+        assert await jobs.lock(batch_id, "worker-b", 5.0)
+    finally:
+        await client.aclose()
