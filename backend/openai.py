@@ -54,10 +54,12 @@ def parse_embeddings_request(body: bytes, *, max_items: int) -> EmbeddingsReques
         case _:
             raise BadRequest("'encoding_format' must be 'float' or 'base64'")
     dimensions = raw.get("dimensions")
-    if dimensions is not None and (
+    if "dimensions" in raw and (
         isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
     ):
         raise BadRequest("'dimensions' must be a positive integer")
+    if "user" in raw and not isinstance(raw["user"], str):
+        raise BadRequest("'user' must be a string")
     return EmbeddingsRequest(model, texts, encoding, dimensions)
 
 

@@ -122,7 +122,10 @@ def gateway(near: str, far: str, routing: Mapping[str, Any]) -> Iterator[int]:
         }), encoding="utf-8")
         argv = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port",
                 str(port), "--workers", "1", "--config", str(config)]
-        service = Service("gateway", argv, env=clean_env(), cwd=str(REPO))
+        # A node cache of its own: the default directory outlives the run.
+        node = Path(tempfile.mkdtemp(prefix="bench-resilience-node-"))
+        service = Service("gateway", argv, env=clean_env(GATEWAY_CACHE_NODE_PATH=str(node)),
+                          cwd=str(REPO))
         service.start()
         try:
             service.wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=60.0)

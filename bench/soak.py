@@ -138,7 +138,11 @@ class Stack:
         config = {"backends": [self.backend_url], "redis": {"url": self.redis_url},
                   "policies": {"path": str(self.policy.parent), "poll_interval_s": 0.5},
                   "tenants_file": str(self.workdir / "tenants.yaml"), "workers": self.workers,
-                  "cache": {"max_entries": 2000}, "routing": {"health_interval_s": 0.5},
+                  # A node tier of its own: the default directory outlives the run, and
+                  # entries from an earlier run would read as answers nobody sent.
+                  "cache": {"max_entries": 2000,
+                            "node": {"path": str(self.workdir / "node-cache")}},
+                  "routing": {"health_interval_s": 0.5},
                   "logging": {"level": "WARNING"}}
         (self.workdir / "gateway.yaml").write_text(yaml.safe_dump(config))
         self.start_redis()
@@ -386,7 +390,9 @@ class Soak:
         client = aioredis.from_url(self.stack.redis_url, socket_timeout=5)
         try:
             async for key in client.scan_iter(match="*", count=500):
-                value = await client.get(key) or b""
+                # Cache entries are strings; other keys (the batch stream) are checked by name.
+                kind = await client.type(key)
+                value = (await client.get(key) or b"") if kind == b"string" else b""
                 if tag in key.split(b":"):
                     self.report.add("PII in Redis", f"{self.phase}: a key in the PII tenant's "
                                     f"scope: {key[:80]!r}")

@@ -56,3 +56,14 @@ def test_float_and_base64_responses_carry_the_same_vectors() -> None:
     for row, item in zip(embeddings, packed["data"], strict=True):
         decoded = np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")
         assert np.array_equal(decoded, row)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model": "minilm", "input": "x", "user": true}',
+    b'{"model": "minilm", "input": "x", "user": null}',
+    b'{"model": "minilm", "input": "x", "dimensions": null}',
+])
+def test_fields_of_the_wrong_type_are_400(body: bytes) -> None:
+    """Found by the API fuzzer: these were answered 200."""
+    with pytest.raises(BadRequest):
+        parse_embeddings_request(body, max_items=8)

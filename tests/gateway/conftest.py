@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -151,6 +153,16 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 
 
 def gateway_env() -> dict[str, str]:
+    """The environment for a gateway process: none of the caller's GATEWAY_* settings, and a
+    node cache directory of its own (the default one outlives the test run, and entries from an
+    earlier run would answer requests this run never made)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env["GATEWAY_CACHE_NODE_PATH"] = _node_dir()
     return env
+
+
+def _node_dir() -> str:
+    path = tempfile.mkdtemp(prefix="gw-test-node-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path

@@ -25,11 +25,11 @@ import pytest
 import redis
 import yaml
 
-from bench.procs import Service, clean_env
+from bench.procs import Service
 from bench.services import Server
 from gateway.tenants import key_digest
 from tests.conftest import free_port, wait_port
-from tests.gateway.conftest import BackendProc
+from tests.gateway.conftest import BackendProc, gateway_env
 
 KEYS = {"acme": "acme-batch-test-key-0001", "globex": "globex-batch-test-key-0002"}
 POLL_S = 0.2
@@ -124,7 +124,7 @@ class Gateways:
         argv = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port",
                 str(port), "--backend", backend_url or self.backend.url, "--workers", "1",
                 "--redis", self.redis.url, "--config", str(config)]
-        server = Server(Service(f"batch-gateway-{n}", argv, env=clean_env()).start(), port)
+        server = Server(Service(f"batch-gateway-{n}", argv, env=gateway_env()).start(), port)
         self.started.append(server)
         ready = "/healthz" if backend_url else "/readyz"
         server.service.wait_http(server.url + ready, timeout_s=60)
