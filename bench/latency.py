@@ -1,7 +1,7 @@
 """Miss latency against the plainest possible stack: floors and our servers, in one run.
 
 ``python -m bench latency [--rounds R] [--requests N] [--concurrency 1,32] [--threads T]
-[--access-log on|off] [--backend-src DIR] [--quick]``
+[--access-log on|off] [--backend-src DIR] [--gateway-src DIR] [--quick]``
 
 Every path answers the same OIP infer request for one text (a short sentence, and a ~200-token
 paragraph) with the same session: the model as ``load_models`` loads it for ``serve`` (same
@@ -13,9 +13,16 @@ options, same intra-op threads), on CPU. Paths:
 - backend REST: ``python -m backend serve``, the same JSON request to ``/v2/.../infer``.
 - backend gRPC: the same server's ``inference.GRPCInferenceService/ModelInfer`` from a
   ``grpc.aio`` client, the text in ``raw_input_contents`` (as tritonclient sends it).
-- (gateway half, to come: floor (b), a bare aiohttp proxy with one pooled ClientSession in
-  front of (a); the gateway on a miss with a REST and with a gRPC upstream. ``PATHS`` below is
-  where they go; the report already has their rows.)
+- floor (b): a bare aiohttp + uvloop proxy written for this bench (``python -m bench.latency
+  proxy``) with one pooled keep-alive ``ClientSession``, in front of (a): the body in, the
+  answer (and its Server-Timing) back.
+- the gateway on a miss (``python -m gateway serve``, one worker, settings as shipped, every
+  request ``Cache-Control: no-cache``: lookup, backend call, store, each answer checked to be a
+  MISS; each request's text a case variant of its own, the same tokens under a key of its own,
+  so concurrent misses are not coalesced) in front of our backend, over REST (``http://``) and
+  over gRPC (``grpc://``, the backend's gRPC port): on the OIP route (the same request and
+  answer as every row above) and on ``/v1/embeddings`` (the same text; binary outputs from the
+  backend, OpenAI JSON out).
 
 Method: servers on the first usable CPU, the client on the last (``bench.procs.split_cores``,
 as the other benches pin); rounds interleaved: each round runs every (concurrency, text, path)
@@ -27,9 +34,12 @@ which does not move with compute jitter.
 
 ``--backend-src DIR`` runs the backend from another checkout (``git archive <commit> backend |
 tar -x -C DIR``), for before/after tables in one run; without ``--grpc-port`` there, the gRPC
-rows are left empty.
+rows are left empty. ``--gateway-src DIR`` (``git archive <commit> gateway | tar -x -C DIR``)
+adds the gateway rows over REST of that checkout's gateway beside this one's.
 
-Target (issue 16): backend REST p50 <= floor (a) p50 + 0.3 ms, at 1 connection, both texts.
+Targets (issue 16), at 1 connection, both texts: backend REST p50 <= floor (a) p50 + 0.3 ms;
+gateway miss p50 - backend direct (REST) p50 <= (floor (b) p50 - floor (a) p50) + 0.3 ms, for
+each upstream protocol and route.
 Exit code 1 when a request failed or a server would not start; a missed target is reported.
 """
 
@@ -38,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import statistics
@@ -55,7 +66,7 @@ import grpc.aio
 import orjson
 from aiohttp import web
 
-from bench import loadgen
+from bench import loadgen, services
 from bench.procs import Cores, Service, free_port, pinned, split_cores
 
 MODEL = "minilm"
@@ -78,6 +89,7 @@ LONG = (  # ~200 tokens of ordinary prose ([CLS] and [SEP] included; the report 
 TEXTS = {"short": SHORT, "~200 tokens": LONG}
 TARGET_MS = 0.3
 SERVICE = "/inference.GRPCInferenceService/ModelInfer"
+FLOOR_B = "floor (b): bare aiohttp proxy (one pooled ClientSession) -> (a)"
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,7 @@ class Plan:
     access_log: bool
     cores: Cores
     backend_src: Path | None  # another checkout's backend (REST only), for before/after
+    gateway_src: Path | None = None  # another checkout's gateway, rows beside this one's
 
 
 def parse(argv: Sequence[str]) -> Plan:
@@ -109,6 +122,9 @@ def parse(argv: Sequence[str]) -> Plan:
                         help="the backend's access log (on: as deployed)")
     parser.add_argument("--backend-src", type=Path,
                         help="run the backend from this folder (another checkout; REST only)")
+    parser.add_argument("--gateway-src", type=Path,
+                        help="also run the gateway from this folder (another checkout; REST "
+                        "upstream), for before/after rows")
     parser.add_argument("--quick", action="store_true", help="small counts (smoke test)")
     args = parser.parse_args(argv)
     concurrency = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
@@ -124,6 +140,7 @@ def parse(argv: Sequence[str]) -> Plan:
         access_log=args.access_log == "on",
         cores=cores,
         backend_src=args.backend_src.resolve() if args.backend_src else None,
+        gateway_src=args.gateway_src.resolve() if args.gateway_src else None,
     )
 
 
@@ -165,6 +182,47 @@ def floor_main(argv: Sequence[str]) -> int:
 
     app = web.Application()
     app.router.add_post(f"/v2/models/{MODEL}/infer", infer)
+    app.router.add_get("/v2/health/ready", ready)
+    web.run_app(app, host="127.0.0.1", port=args.port, loop=uvloop.new_event_loop(),
+                print=None, access_log=None)
+    return 0
+
+
+def proxy_main(argv: Sequence[str]) -> int:
+    """``python -m bench.latency proxy --port P --upstream URL``: floor (b), the plainest
+    proxy: one pooled keep-alive ClientSession, the body passed on, the answer passed back."""
+    parser = argparse.ArgumentParser(prog="python -m bench.latency proxy")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", required=True)
+    args = parser.parse_args(argv)
+    import uvloop
+
+    session_key = web.AppKey("session", aiohttp.ClientSession)
+
+    async def session(app: web.Application) -> Any:
+        app[session_key] = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=100, keepalive_timeout=60.0),
+            auto_decompress=False)
+        yield
+        await app[session_key].close()
+
+    async def proxy(request: web.Request) -> web.Response:
+        body = await request.read()
+        async with request.app[session_key].post(
+                args.upstream + request.path, data=body,
+                headers={"Content-Type": "application/json"}) as answer:
+            data = await answer.read()
+            timing = answer.headers.get("Server-Timing", "")
+            return web.Response(body=data, status=answer.status,
+                                content_type=answer.content_type,
+                                headers={"Server-Timing": timing} if timing else None)
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(text="ready")
+
+    app = web.Application()
+    app.cleanup_ctx.append(session)
+    app.router.add_post(f"/v2/models/{MODEL}/infer", proxy)
     app.router.add_get("/v2/health/ready", ready)
     web.run_app(app, host="127.0.0.1", port=args.port, loop=uvloop.new_event_loop(),
                 print=None, access_log=None)
@@ -236,15 +294,19 @@ class Endpoints:
     backend_url: str
     backend_grpc: str
     pids: dict[str, int]
+    proxy_url: str = ""  # floor (b)
+    gateway_urls: dict[str, str] = field(default_factory=dict)  # by upstream: rest, grpc
 
 
 def server_ms(timing: str) -> float:
-    """Sum of the ``dur`` values of a Server-Timing value."""
+    """Sum of the ``queue`` and ``compute`` ``dur`` values of a Server-Timing value (the
+    gateway's also names its own stages and a total, which are not the model's time)."""
     total = 0.0
     for part in timing.split(","):
-        _, _, dur = part.partition("dur=")
-        with contextlib.suppress(ValueError):
-            total += float(dur)
+        name, _, dur = part.partition(";dur=")
+        if name.strip() in ("queue", "compute"):
+            with contextlib.suppress(ValueError):
+                total += float(dur)
     return total
 
 
@@ -296,19 +358,68 @@ async def _grpc(address: str, pool: int) -> Any:
         yield send
 
 
+def case_variant(text: str, n: int) -> str:
+    """``text`` with the case of its letters flipped after the bits of ``n``: a distinct cache
+    key (the shipped policy does not fold case) for the same tokens (the model's tokenizer
+    lowercases), so concurrent misses of one text are not coalesced into one backend call."""
+    chars = list(text)
+    letters = [i for i, c in enumerate(chars) if c.isalpha()]
+    for bit, i in enumerate(letters):
+        if n >> bit & 1:
+            chars[i] = chars[i].swapcase()
+    return "".join(chars)
+
+
+@contextlib.asynccontextmanager
+async def _gateway(url: str, route: str, pool: int) -> Any:
+    """A miss through the gateway: ``Cache-Control: no-cache`` (lookup, backend call, store),
+    each request's text a case variant of its own (see ``case_variant``), and an answer that
+    is not a MISS counts as an error."""
+    def body(text: str) -> bytes:
+        if route == "oip":
+            return rest_body(text)
+        return orjson.dumps({"model": MODEL, "input": text})
+
+    target = f"{url}/v2/models/{MODEL}/infer" if route == "oip" else f"{url}/v1/embeddings"
+    headers = {"Content-Type": "application/json", "Cache-Control": "no-cache"}
+    sequence = itertools.count(1)
+    async with loadgen.client_session(pool=pool) as http:
+        async def send(text: str) -> tuple[float, float]:
+            data = body(case_variant(text, next(sequence)))
+            started = time.perf_counter()
+            async with http.post(target, data=data, headers=headers) as response:
+                await response.read()
+                if response.status != 200 or response.headers.get("X-Cache") != "MISS":
+                    raise RuntimeError(f"status {response.status}, "
+                                       f"X-Cache {response.headers.get('X-Cache')}")
+                elapsed = (time.perf_counter() - started) * 1000
+                return elapsed, server_ms(response.headers.get("Server-Timing", ""))
+
+        yield send
+
+
+def _through_gateway(upstream: str, route: str, src: Path | None = None) -> PathSpec:
+    label = "OIP route" if route == "oip" else "/v1/embeddings"
+    protocol = "REST" if upstream == "rest" else "gRPC"
+    name = upstream if src is None else "before"
+    return PathSpec(f"gateway miss, {label} -> backend over {protocol}"
+                    + (f", gateway from {src}" if src is not None else ""),
+                    lambda e, pool: _gateway(e.gateway_urls[name], route, pool),
+                    f"gateway-{name}")
+
+
 PATHS: tuple[PathSpec, ...] = (
     PathSpec("floor (a): bare aiohttp + uvloop, batch 1, one worker thread",
              lambda e, pool: _rest(f"{e.floor_url}/v2/models/{MODEL}/infer", pool), "floor"),
     PathSpec("backend direct, REST", lambda e, pool: _rest(
         f"{e.backend_url}/v2/models/{MODEL}/infer", pool), "backend"),
     PathSpec("backend direct, gRPC", lambda e, pool: _grpc(e.backend_grpc, pool), "backend"),
-    # Gateway half (to be added): floor (b) bare aiohttp proxy -> (a); gateway miss -> backend
-    # over REST; gateway miss -> backend over gRPC. Same PathSpec shape: a sender per path.
-)
-PENDING_ROWS = (
-    "floor (b): bare aiohttp proxy (one pooled ClientSession) -> (a)",
-    "gateway miss -> backend, REST upstream",
-    "gateway miss -> backend, gRPC upstream",
+    PathSpec(FLOOR_B, lambda e, pool: _rest(f"{e.proxy_url}/v2/models/{MODEL}/infer", pool),
+             "proxy"),
+    _through_gateway("rest", "oip"),
+    _through_gateway("grpc", "oip"),
+    _through_gateway("rest", "embeddings"),
+    _through_gateway("grpc", "embeddings"),
 )
 
 
@@ -341,8 +452,11 @@ def cell_requests(plan: Plan, concurrency: int, text: str) -> int:
 
 
 def paths_of(plan: Plan) -> tuple[PathSpec, ...]:
-    """The paths this run measures (an older backend has no gRPC)."""
-    return tuple(p for p in PATHS if not (plan.backend_src and "gRPC" in p.name))
+    """The paths this run measures (an older backend has no gRPC), and an older gateway's."""
+    before = (() if plan.gateway_src is None else
+              (_through_gateway("rest", "oip", plan.gateway_src),
+               _through_gateway("rest", "embeddings", plan.gateway_src)))
+    return tuple(p for p in PATHS if not (plan.backend_src and "gRPC" in p.name)) + before
 
 
 async def measure(plan: Plan, endpoints: Endpoints) -> dict[tuple[str, str, int], Cell]:
@@ -382,6 +496,8 @@ def main(argv: list[str]) -> int:
     """Runs the benchmark and prints its Markdown report; see the module doc."""
     if argv[:1] == ["floor"]:
         return floor_main(argv[1:])
+    if argv[:1] == ["proxy"]:
+        return proxy_main(argv[1:])
     plan = parse(argv)
     server_cores = plan.cores.server if plan.cores.pinned else None
     floor_port, port, grpc_port = free_port(), free_port(), free_port()
@@ -396,13 +512,32 @@ def main(argv: list[str]) -> int:
         "--host", "127.0.0.1", "--port", str(port), *grpc_args, "--threads", threads,
         "--device", "cpu"], cores=server_cores, env=env,
         cwd=str(plan.backend_src) if plan.backend_src else None)
+    proxy_port = free_port()
+    proxy = Service("floor-b", [sys.executable, "-m", "bench.latency", "proxy", "--port",
+                                str(proxy_port), "--upstream", f"http://127.0.0.1:{floor_port}"],
+                    cores=server_cores)
     try:
-        with floor, backend:
-            endpoints = Endpoints(f"http://127.0.0.1:{floor_port}", f"http://127.0.0.1:{port}",
-                                  f"127.0.0.1:{grpc_port}",
-                                  {"floor": floor.pid, "backend": backend.pid})
-            floor.wait_http(endpoints.floor_url + "/v2/health/ready", timeout_s=180)
-            backend.wait_http(endpoints.backend_url + "/v2/health/ready", timeout_s=180)
+        with floor, backend, proxy, contextlib.ExitStack() as gateways:
+            floor.wait_http(f"http://127.0.0.1:{floor_port}/v2/health/ready", timeout_s=180)
+            backend.wait_http(f"http://127.0.0.1:{port}/v2/health/ready", timeout_s=180)
+            proxy.wait_http(f"http://127.0.0.1:{proxy_port}/v2/health/ready", timeout_s=60)
+            upstreams = {"rest": f"http://127.0.0.1:{port}"}
+            if not plan.backend_src:
+                upstreams["grpc"] = f"grpc://127.0.0.1:{grpc_port}"
+            started = {name: gateways.enter_context(services.gateway(
+                url, cores=server_cores, name=f"gateway-{name}"))
+                for name, url in upstreams.items()}
+            if plan.gateway_src is not None:
+                started["before"] = gateways.enter_context(services.gateway(
+                    upstreams["rest"], cores=server_cores, name="gateway-before",
+                    src=plan.gateway_src))
+            endpoints = Endpoints(
+                f"http://127.0.0.1:{floor_port}", f"http://127.0.0.1:{port}",
+                f"127.0.0.1:{grpc_port}",
+                {"floor": floor.pid, "backend": backend.pid, "proxy": proxy.pid,
+                 **{f"gateway-{name}": gw.service.pid for name, gw in started.items()}},
+                proxy_url=f"http://127.0.0.1:{proxy_port}",
+                gateway_urls={name: gw.url for name, gw in started.items()})
             client = pinned(plan.cores.client) if plan.cores.pinned else contextlib.nullcontext()
             with client:
                 import uvloop
@@ -427,7 +562,11 @@ def report(plan: Plan, cells: dict[tuple[str, str, int], Cell]) -> str:
         "send to last byte. Outside: per request, latency minus the server's own reported "
         "queue + compute. Server CPU per request (from each thread's schedstat, so not skewed "
         "by other processes taking the CPU away): the event-loop thread, and the other threads "
-        "(inference worker, ONNX Runtime, grpcio).",
+        "(inference worker, ONNX Runtime, grpcio); on the floor (b) and gateway rows, that "
+        "process's own (the gateway's other threads: grpcio, the node cache's writer). Gateway "
+        "rows: every request Cache-Control: no-cache (a MISS: lookup, backend call, store) with "
+        "its own case variant of the text (same tokens, its own cache key: no coalescing); one "
+        "gateway worker, settings as shipped.",
     ]
     for concurrency in plan.concurrency:
         lines += ["", f"**{concurrency} connection{'s' if concurrency > 1 else ''}**", "",
@@ -441,8 +580,6 @@ def report(plan: Plan, cells: dict[tuple[str, str, int], Cell]) -> str:
                              f"| {cell.outside_p50:.2f} | {cell.rate:.0f} "
                              f"| {cell.cpu_us(cell.loop_cpu_s):.0f} "
                              f"| {cell.cpu_us(cell.other_cpu_s):.0f} | {cell.errors} |")
-        for pending in PENDING_ROWS:
-            lines.append(f"| {pending} | | (gateway half: not yet) | | | | | | |")
     lines += ["", "| target | text | backend REST p50 - floor (a) p50 | same, outside p50 | met |",
               "| --- | --- | ---: | ---: | :---: |"]
     floor_name, rest_name = PATHS[0].name, PATHS[1].name
@@ -456,7 +593,49 @@ def report(plan: Plan, cells: dict[tuple[str, str, int], Cell]) -> str:
                      f"{'yes' if gap <= TARGET_MS else 'NO'} |")
     lines += ["", "The outside-p50 gap leaves out the model's own compute time, whose jitter on a "
               "shared machine is larger than the target; the p50 gap is the target as stated."]
+    lines += gateway_report(plan, cells)
     return "\n".join(lines)
+
+
+def gateway_report(plan: Plan, cells: dict[tuple[str, str, int], Cell]) -> list[str]:
+    """The gateway half: its target per upstream protocol and route, and REST vs gRPC."""
+    def cell(name: str, label: str, concurrency: int) -> Cell:
+        return cells.get((name, label, concurrency), Cell())
+
+    floor_a, rest, floor_b = PATHS[0].name, PATHS[1].name, FLOOR_B
+    gateway_paths = [p for p in paths_of(plan) if p.name.startswith("gateway")]
+    lines = ["", "| target: gateway miss p50 - backend direct REST p50 <= (floor (b) - floor (a)) "
+             f"+ {TARGET_MS} ms, 1 connection | text | gateway - backend p50 | allowed "
+             "| same, outside p50 | allowed, outside | met |",
+             "| --- | --- | ---: | ---: | ---: | ---: | :---: |"]
+    for path in gateway_paths:
+        for label in TEXTS:
+            a, b = cell(floor_a, label, 1), cell(floor_b, label, 1)
+            backend, gateway = cell(rest, label, 1), cell(path.name, label, 1)
+            gap, allowed = gateway.p(50) - backend.p(50), b.p(50) - a.p(50) + TARGET_MS
+            outside = gateway.outside_p50 - backend.outside_p50
+            outside_allowed = b.outside_p50 - a.outside_p50 + TARGET_MS
+            lines.append(f"| {path.name} | {label} | {gap:+.2f} ms | {allowed:+.2f} ms "
+                         f"| {outside:+.2f} ms | {outside_allowed:+.2f} ms "
+                         f"| {'yes' if gap <= allowed else 'NO'} |")
+    pairs = [("backend direct", "backend direct, REST", "backend direct, gRPC")]
+    for route in ("OIP route", "/v1/embeddings"):
+        pairs.append((f"gateway miss, {route}", f"gateway miss, {route} -> backend over REST",
+                      f"gateway miss, {route} -> backend over gRPC"))
+    lines += ["", "| REST vs gRPC | connections | text | REST p50 ms | gRPC p50 ms | REST p99 ms "
+              "| gRPC p99 ms | gRPC - REST p50 | REST req/s | gRPC req/s |",
+              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    known = {p.name for p in paths_of(plan)}
+    for concurrency in plan.concurrency:
+        for hop, over_rest, over_grpc in pairs:
+            if over_grpc not in known:
+                continue
+            for label in TEXTS:
+                r, g = cell(over_rest, label, concurrency), cell(over_grpc, label, concurrency)
+                lines.append(f"| {hop} | {concurrency} | {label} | {r.p(50):.2f} | {g.p(50):.2f} "
+                             f"| {r.p(99):.2f} | {g.p(99):.2f} | {g.p(50) - r.p(50):+.2f} ms "
+                             f"| {r.rate:.0f} | {g.rate:.0f} |")
+    return lines
 
 
 def _token_counts(plan: Plan) -> dict[str, int]:

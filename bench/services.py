@@ -108,11 +108,12 @@ def floor(answer_file: Path, *, cores: frozenset[int] | None) -> Server:
 
 def gateway(backend_url: str, *, cores: frozenset[int] | None, redis_url: str | None = None,
             settings: Mapping[str, object] | None = None,
-            name: str = "gateway", workers: int = 1) -> Server:
+            name: str = "gateway", workers: int = 1, src: Path | None = None) -> Server:
     """``python -m gateway serve --workers N`` (1) in front of ``backend_url``; ``settings``
     (nested sections or dotted names -> values, as gateway/settings loads them) go in a YAML
     config file (``--config``) in the server's work dir. Its node cache starts empty in that
-    work dir too (never the user's), unless ``settings`` name another ``cache.node.path``."""
+    work dir too (never the user's), unless ``settings`` name another ``cache.node.path``.
+    ``src``: run the gateway package of another checkout (before/after runs)."""
     port = free_port()
     argv = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
             "--backend", backend_url, "--workers", str(workers)]
@@ -126,8 +127,9 @@ def gateway(backend_url: str, *, cores: frozenset[int] | None, redis_url: str | 
     config = Path(workdir) / "gateway.yaml"
     config.write_text(yaml.safe_dump(values), encoding="utf-8")
     argv += ["--config", str(config)]
-    return _started(Service(name, argv, cores=cores, env=clean_env()), port, "/readyz", 60.0,
-                    workdir)
+    service = Service(name, argv, cores=cores, env=clean_env(),
+                      cwd=str(src) if src is not None else None)
+    return _started(service, port, "/readyz", 60.0, workdir)
 
 
 def _names_node_path(settings: Mapping[str, object]) -> bool:
