@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -36,38 +35,11 @@ from tests.gateway.conftest import (
     stop_process,
     wait_ready,
 )
+from tests.gateway.rawhttp import chunk, head, read_reply
 
 LIMIT = 1024 * 1024  # the default max_body_bytes
 EMBED = "/v1/embeddings"
-READ_TIMEOUT_S = 30.0
 SECRET = "sk-live-0123456789abcdefSECRETSECRET"
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]  # lower-case names
-    body: bytes
-
-    def error(self) -> dict[str, Any]:
-        assert self.headers.get("content-type", "").startswith("application/json"), self
-        err: dict[str, Any] = orjson.loads(self.body)["error"]
-        return err
-
-
-async def read_reply(reader: asyncio.StreamReader) -> Reply:
-    """One HTTP/1.1 response with a Content-Length body (what aiohttp sends for web.Response)."""
-    async with asyncio.timeout(READ_TIMEOUT_S):
-        head = await reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ")[1])
-        headers = {}
-        for line in lines[1:]:
-            if line:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-        body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return Reply(status, headers, body)
 
 
 async def nothing_arrives(reader: asyncio.StreamReader, wait_s: float) -> bool:
@@ -78,17 +50,6 @@ async def nothing_arrives(reader: asyncio.StreamReader, wait_s: float) -> bool:
     except TimeoutError:
         return True
     return data == b""  # b"" would be a close: not an answer either, but not a wait
-
-
-def head(path: str, port: int, *, length: int | None = None, chunked: bool = False,
-         extra: str = "") -> bytes:
-    framing = "Transfer-Encoding: chunked\r\n" if chunked else f"Content-Length: {length}\r\n"
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/json\r\n{framing}{extra}\r\n").encode()
-
-
-def chunk(data: bytes) -> bytes:
-    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
 def embed_body(text: str, size: int | None = None) -> bytes:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -20,9 +19,9 @@ import pytest
 
 from bench import services
 from tests.gateway.conftest import BackendProc
+from tests.gateway.rawhttp import chunk, head, read_reply
 
 LIMIT = 1024 * 1024  # the default max_body_bytes
-READ_TIMEOUT_S = 30.0
 EMBED = "/v1/embeddings"
 ROUTES = {
     EMBED: {"model": "minilm", "input": [f"slow client text {i}" for i in range(6)]},
@@ -31,17 +30,6 @@ ROUTES = {
     "/v2/models/minilm/infer": {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
                                             "data": ["slow oip", "second"]}]},
 }
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]  # lower-case names
-    body: bytes
-
-    def json(self) -> Any:
-        assert self.headers.get("content-type", "").startswith("application/json"), self
-        return orjson.loads(self.body)
 
 
 @pytest.fixture(scope="module")
@@ -65,31 +53,6 @@ async def connect(port: int) -> AsyncIterator[Any]:
     yield open_
     for writer in writers:
         writer.close()
-
-
-async def read_reply(reader: asyncio.StreamReader) -> Reply:
-    """One HTTP/1.1 response with a Content-Length body."""
-    async with asyncio.timeout(READ_TIMEOUT_S):
-        raw = await reader.readuntil(b"\r\n\r\n")
-        lines = raw.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ")[1])
-        headers = {}
-        for line in lines[1:]:
-            if line:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-        body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return Reply(status, headers, body)
-
-
-def head(path: str, port: int, *, length: int | None = None, chunked: bool = False) -> bytes:
-    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {length}"
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/json\r\n{framing}\r\n\r\n").encode()
-
-
-def chunk(data: bytes) -> bytes:
-    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
 def padded(text: str, size: int) -> bytes:
