@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 
 from gateway.cache.entry import Entry
+from gateway.cache.keys import derive_key
 from gateway.cache.memory import MemoryCache
-from gateway.keys import derive_key
 
 VALUE = bytes(range(256)) * 6  # 1536 bytes: one 384-d float32 embedding
 CONTEXT = {

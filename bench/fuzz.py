@@ -12,7 +12,7 @@ Checks on every answer (``check_response``):
 - every error is JSON in the service's one error shape (``error_shape``).
 Afterwards each service must still answer its readiness probe and one valid request
 (``still_serving``). The test suite runs the same engine with a small bounded count
-(``tests/gateway/test_fuzz.py``, ``tests/backend/test_openapi_fuzz.py``).
+(``tests/gateway/http/test_fuzz.py``, ``tests/backend/test_openapi_fuzz.py``).
 """
 
 from __future__ import annotations

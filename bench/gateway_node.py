@@ -3,7 +3,8 @@
 1. Node-tier hits vs L1 hits, wrk at ``C`` connections over 256 distinct cached texts: a gateway
    with ``cache.max_entries=1`` (every lookup misses L1 and reads the node tier) vs one with the
    normal L1; no Redis. /metrics confirms which tier answered. An L1 hit is usually answered by
-   the hot-answer shortcut (gateway/hot.py), which only trusts entries L1 holds; the same pair
+   the hot-answer shortcut (gateway/pipeline/hot_answers.py), which only trusts entries L1 holds;
+   the same pair
    again with hot answers off (``logging.request_text``, the one setting that turns them off)
    compares the tiers on the same path.
 2. A replayed trace of repeats: ``requests`` texts drawn from ``distinct`` ones with Zipf

@@ -384,7 +384,7 @@ class Soak:
 
     async def _check_redis(self) -> None:
         """No key in the PII tenant's scope, no PII text in any key or value (Redis is up)."""
-        from gateway.keys import scope_tag
+        from gateway.cache.keys import scope_tag
 
         tag = scope_tag(PII_TENANT).encode()
         client = aioredis.from_url(self.stack.redis_url, socket_timeout=5)

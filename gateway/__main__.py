@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_args(sub)
-    from gateway.policy.cli import register as register_policy
+    from gateway.cli.policy import register as register_policy
 
     register_policy(sub)
     return parser

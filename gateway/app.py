@@ -17,34 +17,36 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gateway import openapi, ops_routes, state
-from gateway.access_log import AccessLog
 from gateway.adapters.render import FragmentCache
-from gateway.admission import Admission
-from gateway.batch import service as batch
 from gateway.cache.memory import MemoryCache
 from gateway.cache.node import open_node_cache
 from gateway.cache.redis import RedisCache
 from gateway.cache.tiered import TieredCache
-from gateway.handlers import oip, openai, ops
-from gateway.handlers.common import rate_limit_headers
-from gateway.hot import HotAnswers
-from gateway.metrics import GatewayMetrics
-from gateway.middleware import make_error_middleware
-from gateway.observe import MetricsObserver
+from gateway.http import app_state as state
+from gateway.http import batch_jobs as batch
+from gateway.http.middleware import make_error_middleware
+from gateway.http.routes import oip, openai, openapi
+from gateway.http.routes import ops as ops_routes
+from gateway.http.routes import probes as ops
+from gateway.http.serve import rate_limit_headers
 from gateway.pipeline import Pipeline
+from gateway.pipeline.hot_answers import HotAnswers
 from gateway.policy import fold
 from gateway.policy.store import PolicyStore
 from gateway.policy.targets import KnownModels
-from gateway.quota.limiter import QuotaGate
-from gateway.quota.shared import SharedLimiter
-from gateway.quota.store import TenantStore
 from gateway.routing.balancer import Router
-from gateway.routing.health import HealthChecker
 from gateway.settings import Settings
-from gateway.tenants import Tenants
+from gateway.telemetry.access_log import AccessLog
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.prometheus import MetricsObserver
+from gateway.tenants.directory import Tenants
+from gateway.tenants.quota.limiter import QuotaGate
+from gateway.tenants.quota.shared import SharedLimiter
+from gateway.tenants.store import TenantStore
 from gateway.upstream import AiohttpTransport, Upstream
+from gateway.upstream.admission.control import Admission
 from gateway.upstream.grpc import GrpcTransport
+from gateway.upstream.health import HealthChecker
 from gateway.upstream.transport import SchemeTransport
 
 log = logging.getLogger("gateway")

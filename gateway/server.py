@@ -35,9 +35,9 @@ from gateway.errors import (
     MalformedRequest,
     UriTooLong,
 )
-from gateway.logs import setup_logging
-from gateway.middleware import error_response, new_request_id
+from gateway.http.middleware import error_response, new_request_id
 from gateway.settings import Settings, SettingsError, load_settings, settings_fields
+from gateway.telemetry.logs import setup_logging
 
 log = logging.getLogger("gateway.server")
 http_log = logging.getLogger("gateway.http")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench import tenants
 from bench.loadgen import LoadResult, Sample
-from gateway.tenants import Tenants
+from gateway.tenants.directory import Tenants
 
 
 def test_the_mixed_stream_spaces_the_quiet_tenant_evenly() -> None:

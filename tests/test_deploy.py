@@ -98,7 +98,7 @@ def backend_settings(args: argparse.Namespace) -> Any:
 
 def gateway_routes() -> set[str]:
     from gateway.app import create_app
-    from gateway.ops_routes import register
+    from gateway.http.routes.ops import register
     from gateway.settings import load_settings
 
     app = create_app(load_settings(None, {"backends": ["http://127.0.0.1:9"]}, environ={}),
@@ -119,7 +119,7 @@ def backend_routes() -> set[str]:
 def exported_metrics() -> set[str]:
     """Every sample name the gateway and the backend export (plus Prometheus' own ``up``)."""
     from backend.metrics import BackendMetrics
-    from gateway.metrics import GatewayMetrics
+    from gateway.telemetry.metrics import GatewayMetrics
 
     names = {"up"}
     for registry in (GatewayMetrics(CollectorRegistry()).registry,

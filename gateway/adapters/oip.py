@@ -23,9 +23,9 @@ from typing import Any
 
 import orjson
 
-from gateway.context import RequestContext
 from gateway.errors import BackendRejected, BadGateway, ValidationFailed
 from gateway.pipeline import Fetched, FetchResult, Groups, Item, Result
+from gateway.pipeline.context import RequestContext
 from gateway.policy import Decision
 from gateway.upstream import Upstream
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import orjson
 
 from gateway.adapters.vectors import vector
-from gateway.keys import CacheKey
+from gateway.cache.keys import CacheKey
 from gateway.pipeline import Outcome
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY

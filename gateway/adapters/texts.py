@@ -23,9 +23,9 @@ import orjson
 from gateway.adapters.fields import check_keys, positive_int, require_str, text_list
 from gateway.adapters.render import FragmentCache
 from gateway.adapters.vectors import pack, tokens, vector
-from gateway.context import RequestContext
 from gateway.errors import ValidationFailed
 from gateway.pipeline import Fetched, FetchResult, Groups, Item, Result
+from gateway.pipeline.context import RequestContext
 from gateway.policy import Decision
 from gateway.upstream import Upstream
 

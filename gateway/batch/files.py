@@ -21,8 +21,8 @@ from gateway.batch.blobs import Blobs
 from gateway.batch.errors import Conflict
 from gateway.batch.jsonl import check_upload
 from gateway.batch.keys import Keys, is_file_id, new_file_id
-from gateway.batch.settings import BatchSettings
 from gateway.errors import NotFound, PayloadTooLarge
+from gateway.settings.batch import BatchSettings
 
 INPUT, OUTPUT = "batch", "batch_output"
 READER = "reader:"

@@ -21,7 +21,7 @@ from gateway.batch.jobs import TERMINAL, Job, JobStore
 from gateway.batch.jsonl import Line, error_line
 from gateway.batch.keys import output_file_id
 from gateway.batch.lines import line_id
-from gateway.observe import Observer
+from gateway.telemetry.observer import Observer
 
 _PAGE = 500
 _UNANSWERED = {"cancelled": ("batch_cancelled", "the batch was cancelled before this request "

@@ -31,9 +31,9 @@ import contextlib
 import time
 from types import TracebackType
 
-from gateway.admission import Admission
-from gateway.observe import Observer
 from gateway.routing.balancer import Router
+from gateway.telemetry.observer import Observer
+from gateway.upstream.admission.control import Admission
 
 _FIRST_WAIT_S = 0.001
 _LONGEST_WAIT_S = 0.02

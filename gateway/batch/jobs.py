@@ -26,8 +26,8 @@ from gateway.batch import scripts
 from gateway.batch.errors import Conflict
 from gateway.batch.files import READER, FileMeta
 from gateway.batch.keys import Keys, is_batch_id, new_batch_id
-from gateway.batch.settings import BatchSettings
 from gateway.errors import NotFound, RateLimited
+from gateway.settings.batch import BatchSettings
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL = ("completed", "failed", "cancelled", "expired")

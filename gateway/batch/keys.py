@@ -19,7 +19,7 @@ Keys carry ids and tenant ids only, never request text or API keys::
 
 ``{p}`` is ``{redis.key_prefix}-batch``: a namespace of its own beside the cache's
 ``{redis.key_prefix}:{model}:...`` keys, so no model name, cache scan or purge ever meets it.
-Tenant ids appear only as their scope tag (``{tag}``, ``gateway.keys.scope_tag``), never in
+Tenant ids appear only as their scope tag (``{tag}``, ``gateway.cache.keys.scope_tag``), never in
 clear.
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 import secrets
 
-from gateway.keys import scope_tag
+from gateway.cache.keys import scope_tag
 
 GROUP = "workers"
 """The stream's consumer group: every gateway process is one consumer of it."""

@@ -22,9 +22,9 @@ import orjson
 from gateway.adapters.render import FragmentCache
 from gateway.adapters.texts import parse_classify, parse_embeddings, parse_rank
 from gateway.batch.jsonl import BadLine, error_line, parse_request, response_line
-from gateway.context import RequestContext
 from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, ModelNotFound, Overloaded
 from gateway.pipeline import Call, Pipeline
+from gateway.pipeline.context import RequestContext
 from gateway.settings import Settings
 
 _TRANSIENT = (Overloaded, DeadlineExceeded, BadGateway)

@@ -32,8 +32,8 @@ from gateway.batch.jobs import Job, JobStore
 from gateway.batch.jsonl import error_line
 from gateway.batch.keys import GROUP, Keys
 from gateway.batch.lines import LineResult, LineRunner, Retry, line_id
-from gateway.batch.settings import BatchSettings
-from gateway.observe import Observer
+from gateway.settings.batch import BatchSettings
+from gateway.telemetry.observer import Observer
 
 log = logging.getLogger("gateway.batch")
 

@@ -1,7 +1,8 @@
 """The gateway's cache: a per-process LRU (L1), the node tier every worker of a host shares
 (LMDB, kept across restarts), and an optional shared Redis (L2), composed by ``TieredCache``.
 
-Keys come from ``gateway.keys``; coalescing of in-flight misses from ``gateway.singleflight``.
+Keys come from ``gateway.cache.keys``; coalescing of in-flight misses from
+``gateway.pipeline.singleflight``.
 The cache knows nothing of HTTP, policy or routing: the request pipeline composes them.
 """
 

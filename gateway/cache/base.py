@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from gateway.cache.entry import CacheCorrupt, CacheError, Entry
-from gateway.keys import CacheKey
+from gateway.cache.keys import CacheKey
 
 __all__ = ["CacheCorrupt", "CacheError", "CacheTier", "CacheUnavailable"]
 

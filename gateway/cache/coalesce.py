@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Sequence
 
 from gateway.cache.entry import Entry
+from gateway.cache.keys import CacheKey
 from gateway.cache.redis import RedisCache
-from gateway.keys import CacheKey
 
 _Waiter = tuple[Sequence[CacheKey], "asyncio.Future[tuple[list[Entry | None], bool]]"]
 

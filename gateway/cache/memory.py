@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from itertools import islice
 
 from gateway.cache.entry import Entry
+from gateway.cache.keys import CacheKey, scope_tag
 from gateway.cache.settings import CacheSettings
-from gateway.keys import CacheKey, scope_tag
 
 #: Rough per-entry cost beyond the value and meta bytes (key, Entry object, dict node), so that
 #: many tiny entries still count against ``max_bytes``.

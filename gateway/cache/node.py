@@ -34,6 +34,7 @@ import lmdb
 
 from gateway.cache.base import CacheUnavailable
 from gateway.cache.entry import CacheCorrupt, Entry
+from gateway.cache.keys import CacheKey, scope_tag
 from gateway.cache.nodestore import (
     GenerationStore,
     KeyBytes,
@@ -43,8 +44,7 @@ from gateway.cache.nodestore import (
     unpack_deadline,
 )
 from gateway.cache.settings import NodeCacheSettings
-from gateway.keys import CacheKey, scope_tag
-from gateway.observe import NullObserver, Observer
+from gateway.telemetry.observer import NullObserver, Observer
 
 log = logging.getLogger(__name__)
 

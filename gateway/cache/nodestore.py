@@ -13,7 +13,7 @@ current, so the swap is atomic for every process. A hit in the previous generati
 into the current one (``promote``), so what is still read survives the next rotation.
 
 A key reads ``{model}:{scope_tag}:`` + the 16-byte digest: the model and the scope tag in clear
-so purges can find them, tenant ids never (``gateway.keys.scope_tag``). A value is the entry's
+so purges can find them, tenant ids never (``gateway.cache.keys.scope_tag``). A value is the entry's
 deadline (f64, little-endian: the earlier of the entry's ``expires_at`` and the tier's own TTL)
 followed by ``Entry.encode()`` bytes, which check themselves.
 
@@ -31,8 +31,8 @@ from functools import lru_cache
 
 import lmdb
 
+from gateway.cache.keys import CacheKey, scope_tag
 from gateway.cache.lmdbenv import close_env, open_env
-from gateway.keys import CacheKey, scope_tag
 
 LAYOUT_VERSION = b"node-1"
 _DEADLINE = struct.Struct("<d")

@@ -31,9 +31,9 @@ from redis.exceptions import RedisError
 from gateway.cache.base import CacheUnavailable
 from gateway.cache.breaker import CircuitBreaker
 from gateway.cache.entry import CacheCorrupt, Entry
+from gateway.cache.keys import CacheKey, scope_tag
 from gateway.cache.settings import RedisSettings
-from gateway.keys import CacheKey, scope_tag
-from gateway.observe import NullObserver, Observer
+from gateway.telemetry.observer import NullObserver, Observer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

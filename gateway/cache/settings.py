@@ -2,7 +2,8 @@
 (the tier the worker processes of a host share) and ``redis``.
 
 Frozen, keyword-only value objects that validate their own fields on construction (with the
-checks of ``gateway/validation.py``); the gateway's settings loader builds them from the config
+checks of ``gateway/validation.py``); the gateway's settings loader builds them from the
+config
 file, flags and ``GATEWAY_CACHE_*`` / ``GATEWAY_REDIS_*`` environment variables, and
 ``create_app`` hands them to ``MemoryCache`` and ``RedisCache`` as they are. Each field's
 docstring is its reference.

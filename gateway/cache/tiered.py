@@ -22,11 +22,11 @@ from typing import Any
 from gateway.cache.base import CacheUnavailable
 from gateway.cache.coalesce import LookupCoalescer
 from gateway.cache.entry import Entry
+from gateway.cache.keys import CacheKey
 from gateway.cache.memory import MemoryCache
 from gateway.cache.node import NodeCache
 from gateway.cache.redis import RedisCache
-from gateway.keys import CacheKey
-from gateway.observe import NullObserver, Observer
+from gateway.telemetry.observer import NullObserver, Observer
 
 #: Background writes allowed in flight; beyond it ``set_many`` waits for the lower tiers.
 MAX_PENDING_WRITES = 256

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from gateway.cache.entry import Entry
-    from gateway.context import RequestContext
-    from gateway.keys import CacheKey
+    from gateway.cache.keys import CacheKey
+    from gateway.pipeline.context import RequestContext
     from gateway.policy import Decision
     from gateway.upstream import Upstream
 

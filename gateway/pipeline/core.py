@@ -25,11 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from gateway.cache.entry import Entry
+from gateway.cache.keys import CacheKey, derive_key
 from gateway.cache.tiered import TieredCache
-from gateway.context import RequestContext
 from gateway.errors import DeadlineExceeded, GatewayError, PolicyRejected
-from gateway.keys import CacheKey, derive_key
-from gateway.observe import Observer
 from gateway.pipeline.background import Background
 from gateway.pipeline.call import (
     BYPASS,
@@ -42,10 +40,12 @@ from gateway.pipeline.call import (
     Outcome,
     Result,
 )
+from gateway.pipeline.context import RequestContext
 from gateway.pipeline.freshness import from_cache, overall_status, stale_if_error
+from gateway.pipeline.singleflight import FlightAbandoned, SingleFlight
 from gateway.policy import Decision, evaluate_groups
 from gateway.policy.store import PolicyStore
-from gateway.singleflight import FlightAbandoned, SingleFlight
+from gateway.telemetry.observer import Observer
 from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway.pipeline")

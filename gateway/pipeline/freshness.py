@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.cache.entry import Entry
+from gateway.cache.keys import CacheKey
 from gateway.errors import DeadlineExceeded, GatewayError, Overloaded
-from gateway.keys import CacheKey
 from gateway.pipeline.call import BYPASS, COALESCED, HIT, MISS, STALE, Outcome
 
 

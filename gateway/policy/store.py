@@ -18,11 +18,11 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.observe import NullObserver, Observer
 from gateway.policy.evaluate import Decision
 from gateway.policy.loader import PolicyError, default_policy, load_policy, policy_files
 from gateway.policy.model import Policy
 from gateway.policy.targets import KnownModels
+from gateway.telemetry.observer import NullObserver, Observer
 
 log = logging.getLogger("gateway.policy")
 

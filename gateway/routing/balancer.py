@@ -20,11 +20,11 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Literal
 
-from gateway.observe import NullObserver, Observer
 from gateway.routing.backends import BackendState
 from gateway.routing.config import BackendSpec, RoutingSettings
 from gateway.routing.outlier import Outcome, OutlierDetector
 from gateway.routing.slowstart import slow_start_weight
+from gateway.telemetry.observer import NullObserver, Observer
 
 Tier = Literal["zone", "region", "remote"]
 TIER_ORDER: tuple[Tier, ...] = ("zone", "region", "remote")

@@ -2,10 +2,11 @@
 (``RoutingSettings``, the settings section ``routing``).
 
 Frozen, keyword-only value objects that validate their own fields on construction (with the
-checks of ``gateway/validation.py``): a bad value raises ``SettingsError`` naming the field, so
+checks of ``gateway/validation.py``): a bad value raises ``SettingsError`` naming the
+field, so
 start-up stops with something a person can act on. Each concern is configured under its own
 name, as Envoy does (locality, health checks, outlier ejection, retry, hedging); admission has
-its own section (``gateway/admission.py``).
+its own section (``gateway/upstream/admission/control.py``).
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Literal, TypeVar
 
-from gateway.observe import Observer
 from gateway.routing.backends import BackendState
 from gateway.routing.config import RoutingSettings
+from gateway.telemetry.observer import Observer
 
 Outcome = Literal[
     "ok", "error", "gateway_error", "conn_error", "timeout", "overloaded", "cancelled",

@@ -1,8 +1,10 @@
 """The settings model: the top level (the HTTP server the handlers read) and its sections.
 
 The sections that a component takes are defined beside it (``cache``, ``redis``: gateway/cache/
-settings.py; ``routing``: gateway/routing/config.py; ``admission``: gateway/admission.py and its
-``adaptive`` subsection: gateway/adaptive.py; ``quotas``: gateway/quota/settings.py); the two
+settings.py; ``routing``: gateway/routing/config.py; ``admission``:
+gateway/upstream/admission/control.py and its
+``adaptive`` subsection: gateway/upstream/admission/adaptive.py; ``quotas``:
+gateway/tenants/quota/settings.py); the two
 that only ``create_app`` reads (``policies``, ``logging``) are here. The request limits and
 tokens stay at the top level with the listen address: they are what the HTTP handlers read, and
 ``GATEWAY_PORT``, ``GATEWAY_ADMIN_TOKEN`` and ``GATEWAY_METRICS_TOKEN`` keep their names that
@@ -15,11 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway import validation as check
-from gateway.admission import AdmissionSettings
-from gateway.batch.settings import BatchSettings
 from gateway.cache.settings import CacheSettings, RedisSettings
-from gateway.quota.settings import QuotaSettings
 from gateway.routing.config import BackendSpec, RoutingSettings
+from gateway.settings.batch import BatchSettings
+from gateway.tenants.quota.settings import QuotaSettings
+from gateway.upstream.admission.control import AdmissionSettings
 from gateway.validation import SettingsError
 
 MiB = 1024 * 1024

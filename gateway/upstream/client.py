@@ -36,14 +36,14 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from gateway.admission import PUBLIC, Admission, Slot
 from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
-from gateway.fairqueue import INTERACTIVE, Priority
-from gateway.observe import NullObserver, Observer
 from gateway.routing.backends import BackendState
 from gateway.routing.balancer import Outcome, Router
 from gateway.routing.config import RoutingSettings
 from gateway.routing.hedge import HedgePolicy, race
+from gateway.telemetry.observer import NullObserver, Observer
+from gateway.upstream.admission.control import PUBLIC, Admission, Slot
+from gateway.upstream.admission.fairqueue import INTERACTIVE, Priority
 from gateway.upstream.results import InferResult, RawResult
 from gateway.upstream.retry import RetryBudget, RetryPolicy
 from gateway.upstream.transport import (

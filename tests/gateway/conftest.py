@@ -22,9 +22,9 @@ from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
 from gateway.settings import load_settings
-from gateway.tenants import Tenants
+from gateway.tenants.directory import Tenants
 from tests.conftest import REPO, free_port
-from tests.gateway.upstream_rig import build, fakes  # noqa: F401 (shared fixtures)
+from tests.gateway.upstream.upstream_rig import build, fakes  # noqa: F401 (shared fixtures)
 
 
 @dataclass

@@ -31,7 +31,8 @@ def test_two_workers_share_the_port_and_metrics(backend: BackendProc) -> None:
                                headers={"Connection": "close"})
                 assert r.status_code == 200
             # Each worker hands its counts to the shared files at least once a second
-            # (gateway/tally.py); the worker that answers the scrape flushes its own first.
+            # (gateway/telemetry/batched_counts.py); the worker that answers the scrape flushes its
+            # own first.
             deadline = time.monotonic() + 10.0
             while True:
                 text = http.get(f"{url}/metrics").text

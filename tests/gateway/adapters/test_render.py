@@ -10,7 +10,7 @@ import orjson
 from gateway.adapters.render import FragmentCache
 from gateway.adapters.vectors import vector
 from gateway.cache.entry import Entry
-from gateway.keys import CacheKey, derive_key
+from gateway.cache.keys import CacheKey, derive_key
 from gateway.pipeline import Outcome
 
 

@@ -27,7 +27,7 @@ import yaml
 
 from bench.procs import Service
 from bench.services import Server
-from gateway.tenants import key_digest
+from gateway.tenants.directory import key_digest
 from tests.conftest import free_port, wait_port
 from tests.gateway.conftest import BackendProc, gateway_env
 

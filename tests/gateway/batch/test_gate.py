@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from gateway.admission import Admission, AdmissionSettings, Slot
 from gateway.batch.gate import Gate, LoopLag
-from gateway.observe import NullObserver
 from gateway.routing.balancer import Router
 from gateway.routing.config import BackendSpec, RoutingSettings
+from gateway.telemetry.observer import NullObserver
+from gateway.upstream.admission.control import Admission, AdmissionSettings, Slot
 
 
 def parts(limit: int = 4) -> tuple[Admission, Router, str]:

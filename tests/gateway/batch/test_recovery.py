@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from bench.services import Server
 from gateway.batch.jobs import JobStore
 from gateway.batch.keys import Keys, new_batch_id
-from gateway.batch.settings import BatchSettings
+from gateway.settings.batch import BatchSettings
 from tests.conftest import free_port
 from tests.gateway.batch.conftest import (
     Gateways,

@@ -10,11 +10,11 @@ import pytest
 
 from gateway.cache.coalesce import LookupCoalescer
 from gateway.cache.entry import Entry
+from gateway.cache.keys import CacheKey, derive_key
 from gateway.cache.memory import MemoryCache
 from gateway.cache.redis import RedisCache
 from gateway.cache.settings import RedisSettings
 from gateway.cache.tiered import TieredCache
-from gateway.keys import CacheKey, derive_key
 
 pytestmark = pytest.mark.redis
 

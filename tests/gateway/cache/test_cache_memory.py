@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.cache.entry import Entry
+from gateway.cache.keys import CacheKey
 from gateway.cache.memory import ENTRY_OVERHEAD, MemoryCache
 from gateway.cache.settings import CacheSettings
-from gateway.keys import CacheKey
 
 
 class Clock:

@@ -14,11 +14,11 @@ import pytest
 from gateway.cache import lmdbenv
 from gateway.cache.base import CacheTier
 from gateway.cache.entry import Entry
+from gateway.cache.keys import CacheKey, derive_key, scope_tag
 from gateway.cache.node import NodeCache
 from gateway.cache.nodestore import encode_key, pack
 from gateway.cache.settings import NodeCacheSettings, default_node_path
-from gateway.keys import CacheKey, derive_key, scope_tag
-from gateway.observe import NullObserver
+from gateway.telemetry.observer import NullObserver
 
 MiB = 1024 * 1024
 

@@ -23,11 +23,11 @@ import pytest
 import xxhash
 
 from gateway.cache.entry import Entry
+from gateway.cache.keys import CacheKey, derive_key
 from gateway.cache.node import NodeCache
 from gateway.cache.nodestore import GenerationStore, encode_key, pack
 from gateway.cache.settings import NodeCacheSettings
-from gateway.keys import CacheKey, derive_key
-from gateway.observe import NullObserver
+from gateway.telemetry.observer import NullObserver
 
 MiB = 1024 * 1024
 PROCS = 4

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from gateway import state
+from gateway.http import app_state as state
 from tests.conftest import REPO, free_port
 from tests.gateway.conftest import (
     BackendProc,

@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry
 
 from gateway.cache.base import CacheUnavailable
 from gateway.cache.entry import Entry
+from gateway.cache.keys import CacheKey, derive_key
 from gateway.cache.redis import RedisCache
 from gateway.cache.settings import RedisSettings
-from gateway.keys import CacheKey, derive_key
-from gateway.metrics import GatewayMetrics
-from gateway.observe import MetricsObserver
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.prometheus import MetricsObserver
 from tests.conftest import RedisServer
 from tests.gateway.cache.blackhole import black_hole, close_black_hole
 

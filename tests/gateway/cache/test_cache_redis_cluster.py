@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from gateway.cache.entry import Entry
+from gateway.cache.keys import derive_key
 from gateway.cache.redis import RedisCache
 from gateway.cache.settings import RedisSettings
-from gateway.keys import derive_key
 from tests.conftest import free_port, wait_port
 
 pytestmark = pytest.mark.redis

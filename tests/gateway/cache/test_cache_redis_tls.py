@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.cache.entry import Entry
+from gateway.cache.keys import derive_key
 from gateway.cache.redis import RedisCache
 from gateway.cache.settings import RedisSettings
-from gateway.keys import derive_key
 from tests.conftest import free_port, wait_port
 
 pytestmark = pytest.mark.redis

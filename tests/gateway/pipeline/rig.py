@@ -19,15 +19,15 @@ import xxhash
 
 from gateway.adapters.oip import parse_oip
 from gateway.adapters.texts import parse_classify, parse_embeddings, parse_rank
-from gateway.admission import Admission, AdmissionSettings
 from gateway.cache.memory import MemoryCache
 from gateway.cache.tiered import TieredCache
-from gateway.context import CacheDirectives, RequestContext
-from gateway.observe import NullObserver
 from gateway.pipeline import Call, Pipeline, Result
+from gateway.pipeline.context import CacheDirectives, RequestContext
 from gateway.policy.store import PolicyStore
 from gateway.routing import BackendSpec, Router, RoutingSettings
+from gateway.telemetry.observer import NullObserver
 from gateway.upstream import MemoryTransport, Reply, Request, Upstream
+from gateway.upstream.admission.control import Admission, AdmissionSettings
 
 OIP_ROUTE = "/v2/models/{name}/infer"
 

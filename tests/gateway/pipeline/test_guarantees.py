@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.context import RequestContext
 from gateway.errors import BadGateway, Overloaded
+from gateway.pipeline.context import RequestContext
 from tests.gateway.pipeline.rig import ROUTES, Rig, build, write_policy
 
 PII = "write to jane.doe@example.com please"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cli.policy import RequestError, check, explain, register, texts_of
 from gateway.errors import PolicyRejected, ValidationFailed
 from gateway.policy import PolicyError
-from gateway.policy.cli import RequestError, check, explain, register, texts_of
 
 REPO = Path(__file__).resolve().parents[3]
 STRICT = REPO / "policies" / "examples" / "strict.yaml"

@@ -14,11 +14,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.errors import PolicyRejected
-from gateway.metrics import GatewayMetrics
-from gateway.observe import MetricsObserver
 from gateway.policy import PolicyError, default_policy, evaluate
 from gateway.policy.store import PolicyStore, differences
 from gateway.policy.targets import KnownModels
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.prometheus import MetricsObserver
 
 GOOD = "version: one\nrules:\n  - name: all\n    ttl: 1h\n"
 GOOD_TWO = "version: two\nrules:\n  - name: all\n    ttl: 2h\n"

@@ -161,7 +161,7 @@ def test_cached_routes_are_the_routes_the_gateway_decides_policies_for() -> None
 
 
 def test_the_readme_policy_example_loads_with_the_gateway_models(tmp_path: Path) -> None:
-    from gateway.policy.cli import gateway_models
+    from gateway.cli.policy import gateway_models
 
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
     start = readme.index("```yaml\nversion: ") + len("```yaml\n")

@@ -11,7 +11,7 @@ import pytest
 from gateway.routing import BackendSpec, HealthChecker, Router, RoutingSettings
 from tests.gateway.routing.oip_fake import FakeBackend, free_port
 
-LOGGER = "gateway.routing.health"
+LOGGER = "gateway.upstream.health"
 MODELS = ("minilm",)
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.metrics import GatewayMetrics
-from gateway.observe import MetricsObserver
 from gateway.routing import BackendSpec, BackendState, Router, RoutingSettings
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.prometheus import MetricsObserver
 
 
 class FakeClock:

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.metrics import GatewayMetrics
-from gateway.observe import MetricsObserver
 from gateway.routing import BackendState, Router, RoutingSettings
 from gateway.routing.slowstart import slow_start_weight
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.prometheus import MetricsObserver
 from tests.gateway.routing.test_routing_balancer import FakeClock, spec
 
 

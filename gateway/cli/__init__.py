@@ -1,0 +1,1 @@
+"""Command-line tools beside ``serve``: ``python -m gateway policy check|explain``."""

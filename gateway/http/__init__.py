@@ -1,0 +1,1 @@
+"""HTTP: middleware, request state, body parsing, the serve path and the routes."""

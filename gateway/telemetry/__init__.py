@@ -1,0 +1,1 @@
+"""Telemetry: the Observer, Prometheus export, batched counts, stats, access log, logs."""

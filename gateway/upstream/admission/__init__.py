@@ -1,0 +1,2 @@
+"""Admission: per-tier concurrency limit (fixed or adaptive) and the fair, prioritised wait
+queue."""

@@ -1,0 +1,377 @@
+"""Admission control: a concurrency limit and a bounded, fair wait queue per backend tier.
+
+A request either gets a slot at once, waits in its tier's queue, or is shed at once:
+
+- ``queue_full``: the queue is at ``tier_queue`` and the request's tenant is the one furthest
+  over its share; 503 with ``Retry-After`` (the queue's expected drain time), so overload costs
+  a client microseconds rather than a timeout.
+- ``fair_share``: the queue was full and this waiter's tenant the furthest over its share, so it
+  made room for a newcomer of a tenant under its share (or of a higher priority class).
+- ``deadline``: the expected wait (position in the fair order / concurrency x the tier's recent
+  slot-hold time) already exceeds the time the request has left; shedding now beats timing out
+  later.
+- ``expired``: the deadline passed while the request was queued; it leaves the queue (504) and
+  never reaches a backend.
+
+The queue is not FIFO across tenants (gateway/upstream/admission/fairqueue.py): ``interactive``
+waiters go before
+``batch`` ones, and between the tenants of a class each gets slots in proportion to its weight
+(tenants file, ``weight``), so one tenant's flood cannot starve the others. A request's class is
+the lower of the caller's ``priority`` (batch jobs pass ``batch``) and its tenant's class.
+
+Memory stays bounded: the queue never holds more than ``tier_queue`` waiters per tier. Each
+tier's service time is an EWMA of how long slots are held, fed by ``Slot.release``.
+
+The limit is ``tier_concurrency``, or with ``adaptive.enabled``, a per-tier ``GradientLimit``
+(gateway/upstream/admission/adaptive.py) moving under that ceiling with the latency the tier's calls
+show; when it
+rises, queued requests are granted at once. ``AdmissionSettings`` is the settings section
+``admission``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from gateway import validation as check
+from gateway.errors import DeadlineExceeded, Overloaded
+from gateway.telemetry.observer import NullObserver, Observer
+from gateway.upstream.admission.adaptive import AdaptiveSettings, GradientLimit
+from gateway.upstream.admission.fairqueue import INTERACTIVE, FairQueue, Priority, lower
+from gateway.validation import SettingsError
+
+_ALPHA = 0.2  # weight of the newest service-time sample
+# the tenant of a call that names none (gateway/tenants/directory.py uses the same id)
+PUBLIC = "public"
+
+Share = Callable[[str], tuple[float, Priority]]
+"""A tenant's fair-share weight and priority class (gateway/tenants/store.py, from the tenants
+file; read on every call, so a reload applies at once)."""
+
+
+def equal_share(tenant: str) -> tuple[float, Priority]:
+    """Every tenant weight 1, interactive: what runs without a tenants file."""
+    return 1.0, INTERACTIVE
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AdmissionSettings:
+    """How many backend calls each locality tier lets through, and how many wait (settings
+    section ``admission``). Each worker process keeps its own counts."""
+
+    tier_concurrency: int = 64
+    """Backend calls in flight per tier before requests queue; with ``adaptive.enabled``, the
+    ceiling the adaptive limit moves under."""
+    tier_queue: int = 256
+    """Requests that may wait per tier; more are shed at once (503 with Retry-After)."""
+    adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)
+    """The adaptive concurrency limit per tier (gateway/upstream/admission/adaptive.py), off by
+    default."""
+
+    def __post_init__(self) -> None:
+        check.at_least("tier_concurrency", self.tier_concurrency, 1)
+        check.at_least("tier_queue", self.tier_queue, 0)
+        if self.adaptive.enabled and self.adaptive.min_limit > self.tier_concurrency:
+            raise SettingsError(
+                f"adaptive.min_limit: must be at most tier_concurrency ({self.tier_concurrency}),"
+                f" the adaptive limit's ceiling (got {self.adaptive.min_limit})")
+
+
+class _TierQueue:
+    __slots__ = ("active", "adaptive", "ewma_s", "holders", "samples", "waiters")
+
+    def __init__(self, adaptive: GradientLimit | None) -> None:
+        self.active = 0
+        self.adaptive = adaptive
+        self.waiters: FairQueue[_Waiter] = FairQueue()
+        self.holders: dict[str, int] = {}  # tenant -> slots held now
+        self.ewma_s = 0.0
+        self.samples = 0
+
+    def hold(self, tenant: str) -> None:
+        self.active += 1
+        self.holders[tenant] = self.holders.get(tenant, 0) + 1
+
+    def unhold(self, tenant: str) -> None:
+        self.active -= 1
+        left = self.holders.get(tenant, 0) - 1
+        if left > 0:
+            self.holders[tenant] = left
+        else:
+            self.holders.pop(tenant, None)
+
+
+class _Waiter:
+    __slots__ = ("future", "tenant")
+
+    def __init__(self, future: asyncio.Future[None], tenant: str) -> None:
+        self.future = future
+        self.tenant = tenant
+
+
+class Slot:
+    """Permission to make one upstream call in a tier; release it exactly once (idempotent).
+
+    Usable as ``async with await admission.acquire(...)``, or call ``release()``.
+    """
+
+    __slots__ = ("_admission", "_epoch", "_granted_at", "_released", "queued_s", "tenant", "tier")
+
+    def __init__(self, admission: Admission, tier: str, granted_at: float, queued_s: float,
+                 epoch: int = 0, tenant: str = PUBLIC):
+        self._admission = admission
+        self._epoch = epoch
+        self._granted_at = granted_at
+        self._released = False
+        self.tier = tier
+        self.queued_s = queued_s
+        self.tenant = tenant
+
+    @property
+    def waited(self) -> bool:
+        """True when the request had to queue for this slot."""
+        return self.queued_s > 0.0
+
+    def release(self, *, observe: bool = True) -> None:
+        """Give the slot back (to the next waiter, if any) and record how long it was held.
+
+        ``observe=False`` for a slot given back unused, which says nothing of service time.
+        """
+        if not self._released:
+            self._released = True
+            if observe:
+                self._admission.observe(self._admission.clock() - self._granted_at,
+                                        tier=self.tier, epoch=self._epoch)
+            self._admission._release(self.tier, self.tenant)
+
+    async def __aenter__(self) -> Slot:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class Admission:
+    """Per-tier concurrency limit, bounded fair queue and deadline-aware shedding."""
+
+    def __init__(
+        self,
+        settings: AdmissionSettings,
+        *,
+        observer: Observer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        share: Share = equal_share,
+    ) -> None:
+        self._limit = settings.tier_concurrency
+        self._queue_limit = settings.tier_queue
+        self._adaptive = settings.adaptive if settings.adaptive.enabled else None
+        self._observer: Observer = observer or NullObserver()
+        self.clock = clock
+        self._share = share
+        self._tiers: dict[str, _TierQueue] = {}
+
+    def _tier(self, tier: str) -> _TierQueue:
+        state = self._tiers.get(tier)
+        if state is None:
+            adaptive = None if self._adaptive is None else GradientLimit(
+                self._adaptive, self._limit, clock=self.clock)
+            state = self._tiers[tier] = _TierQueue(adaptive)
+            self._limit_gauge(tier, state)
+        return state
+
+    def _limit_of(self, state: _TierQueue) -> int:
+        return self._limit if state.adaptive is None else state.adaptive.limit
+
+    def limit(self, tier: str) -> int:
+        """``tier``'s concurrency limit now (``tier_concurrency`` unless adaptive)."""
+        return self._limit_of(self._tier(tier))
+
+    def adaptive(self, tier: str) -> GradientLimit | None:
+        """``tier``'s adaptive limit controller, or None when the limit is fixed."""
+        return self._tier(tier).adaptive
+
+    def queue_depth(self, tier: str) -> int:
+        """Requests waiting in ``tier``'s queue now."""
+        return len(self._tier(tier).waiters)
+
+    def inflight(self, tier: str) -> int:
+        """Slots held in ``tier`` now."""
+        return self._tier(tier).active
+
+    def tenants(self, tier: str) -> dict[str, tuple[int, int]]:
+        """Per tenant in ``tier`` now: (slots held, requests waiting)."""
+        state = self._tier(tier)
+        queued = state.waiters.queued()
+        return {t: (state.holders.get(t, 0), queued.get(t, 0))
+                for t in sorted(set(state.holders) | set(queued))}
+
+    def service_time_s(self, tier: str) -> float:
+        """The tier's recent slot-hold time (EWMA); 0 before the first sample."""
+        return self._tier(tier).ewma_s
+
+    def _drain_s(self, state: _TierQueue, position: int) -> float:
+        return position / self._limit_of(state) * state.ewma_s
+
+    def _weight(self, tenant: str) -> float:
+        return self._share(tenant)[0]
+
+    def _class(self, tenant: str, priority: Priority) -> tuple[float, Priority]:
+        weight, tenant_class = self._share(tenant)
+        return weight, lower(priority, tenant_class)
+
+    def check(self, tier: str, *, deadline: float, tenant: str = PUBLIC,
+              priority: Priority = INTERACTIVE) -> Overloaded | None:
+        """Why ``acquire`` would shed now, or None if it would admit or queue (a full queue
+        that would shed another tenant's waiter to make room counts as queueing). No side
+        effects."""
+        return self._decide(tier, self._tier(tier), deadline, tenant, priority)[0]
+
+    def _decide(self, tier: str, state: _TierQueue, deadline: float, tenant: str,
+                priority: Priority) -> tuple[Overloaded | None, _Waiter | None]:
+        """(why to shed the newcomer, or None; the waiter to shed to make room for it)."""
+        if state.active < self._limit_of(state) and not state.waiters:
+            return None, None
+        weight, cls = self._class(tenant, priority)
+        queued = len(state.waiters)
+        victim = None
+        if queued >= self._queue_limit:
+            if self._queue_limit:
+                victim = state.waiters.victim(tenant=tenant, priority=cls,
+                                              weight_of=self._weight, usage=state.holders)
+            if victim is None:
+                return Overloaded(f"upstream queue for tier {tier!r} is full",
+                                  reason="queue_full",
+                                  retry_after_s=self._drain_s(state, queued)), None
+        ahead = state.waiters.ahead(tenant=tenant, priority=cls, weight=weight)
+        wait = self._drain_s(state, ahead + 1)
+        if wait > deadline - self.clock():
+            return Overloaded(f"expected wait {wait * 1000:.0f} ms exceeds the request deadline",
+                              reason="deadline", retry_after_s=wait), None
+        return None, victim
+
+    def try_acquire(self, tier: str, *, tenant: str = PUBLIC) -> Slot | None:
+        """A slot only if one is free right now (hedged copies never queue)."""
+        state = self._tier(tier)
+        if state.active >= self._limit_of(state) or state.waiters:
+            return None
+        return self._grant(tier, state, tenant, queued_s=0.0)
+
+    async def acquire(self, tier: str, *, deadline: float, record_shed: bool = True,
+                      tenant: str = PUBLIC, priority: Priority = INTERACTIVE) -> Slot:
+        """A slot in ``tier`` for ``tenant``; queue for it until ``deadline`` (a ``clock``
+        time) at most, in the fair order of the module docstring.
+
+        Raises ``Overloaded`` at once when shed (or later, when shed from the queue to make
+        room for a tenant under its share), ``DeadlineExceeded`` when the deadline passes first.
+        ``record_shed=False`` leaves the shed metric to the caller (who may fail over to
+        another tier instead).
+        """
+        start = self.clock()
+        if deadline <= start:
+            self._shed("expired")
+            raise DeadlineExceeded("deadline passed before the request reached a backend")
+        state = self._tier(tier)
+        refusal, victim = self._decide(tier, state, deadline, tenant, priority)
+        if refusal is not None:
+            if record_shed:
+                self._shed(refusal.reason)
+            raise refusal
+        if state.active < self._limit_of(state) and not state.waiters:
+            return self._grant(tier, state, tenant, queued_s=0.0)
+        if victim is not None:
+            state.waiters.remove(victim)
+            victim.future.set_exception(Overloaded(
+                f"upstream queue for tier {tier!r} is full", reason="fair_share",
+                retry_after_s=self._drain_s(state, len(state.waiters) + 1)))
+        weight, cls = self._class(tenant, priority)
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), tenant)
+        state.waiters.push(waiter, tenant=tenant, priority=cls, weight=weight)
+        self._gauges(tier, state)
+        try:
+            async with asyncio.timeout(deadline - start):
+                await waiter.future
+        except BaseException as exc:
+            future = waiter.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                # Granted in the same instant the deadline fired: pass the slot on.
+                self._release(tier, tenant)
+            elif not future.done() or future.cancelled():
+                future.cancel()
+                state.waiters.remove(waiter)  # False when already popped by _wake
+                self._gauges(tier, state)
+            if isinstance(exc, TimeoutError):
+                self._shed("expired")
+                raise DeadlineExceeded(
+                    "deadline passed while waiting for a backend slot"
+                ) from None
+            if isinstance(exc, Overloaded) and record_shed:  # shed to make room for another
+                self._shed(exc.reason)
+            raise
+        # _wake already counted this slot as held when it woke us.
+        now = self.clock()
+        return Slot(self, tier, now, queued_s=max(now - start, 1e-9), epoch=self._epoch(state),
+                    tenant=tenant)
+
+    def _grant(self, tier: str, state: _TierQueue, tenant: str, *, queued_s: float) -> Slot:
+        state.hold(tenant)
+        self._gauges(tier, state)
+        return Slot(self, tier, self.clock(), queued_s=queued_s, epoch=self._epoch(state),
+                    tenant=tenant)
+
+    @staticmethod
+    def _epoch(state: _TierQueue) -> int:
+        return 0 if state.adaptive is None else state.adaptive.granted(state.active)
+
+    def _release(self, tier: str, tenant: str = PUBLIC) -> None:
+        state = self._tier(tier)
+        state.unhold(tenant)
+        self._wake(state)
+        self._gauges(tier, state)
+
+    def _wake(self, state: _TierQueue) -> None:
+        """Hands free slots to the next waiters in fair order (more than one when the limit
+        rose)."""
+        while state.waiters and state.active < self._limit_of(state):
+            waiter = state.waiters.pop(state.holders)
+            if waiter is not None and not waiter.future.done():
+                waiter.future.set_result(None)
+                state.hold(waiter.tenant)
+
+    def observe(self, service_time_s: float, *, tier: str | None = None,
+                epoch: int | None = None) -> None:
+        """Feed a slot-hold time into ``tier``'s EWMA (every known tier when None) and, for a
+        call granted in adaptive ``epoch``, into the tier's adaptive limit."""
+        targets = [self._tier(tier)] if tier is not None else list(self._tiers.values())
+        for state in targets:
+            state.ewma_s = service_time_s if not state.samples else (
+                _ALPHA * service_time_s + (1.0 - _ALPHA) * state.ewma_s
+            )
+            state.samples += 1
+        if tier is not None and epoch is not None:
+            state = self._tier(tier)
+            adaptive = state.adaptive
+            if adaptive is not None:
+                before = (adaptive.limit, adaptive.min_rtt_s)
+                adaptive.observe(service_time_s, epoch)
+                if (adaptive.limit, adaptive.min_rtt_s) != before:  # a probe may move minRTT only
+                    self._limit_gauge(tier, state)
+                if adaptive.limit != before[0]:
+                    self._wake(state)
+                    self._gauges(tier, state)
+
+    def _shed(self, reason: str) -> None:
+        self._observer.shed(reason)
+
+    def _gauges(self, tier: str, state: _TierQueue) -> None:
+        self._observer.admission(tier, len(state.waiters), state.active)
+
+    def _limit_gauge(self, tier: str, state: _TierQueue) -> None:
+        min_rtt = state.adaptive.min_rtt_s if state.adaptive is not None else None
+        self._observer.concurrency_limit(tier, self._limit_of(state), min_rtt)

@@ -1,0 +1,78 @@
+"""Batched metrics: what a Tally hands to prometheus-client equals what direct updates give."""
+
+from __future__ import annotations
+
+import random
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gateway.telemetry.batched_counts import Tally
+from gateway.telemetry.metrics import LATENCY_BUCKETS, GatewayMetrics
+from gateway.telemetry.prometheus import MetricsObserver
+
+
+def test_counters_and_histograms_match_direct_updates() -> None:
+    direct, batched = CollectorRegistry(), CollectorRegistry()
+    dc = Counter("c", "c", ["a"], registry=direct)
+    dh = Histogram("h", "h", ["a"], buckets=LATENCY_BUCKETS, registry=direct)
+    bc = Counter("c", "c", ["a"], registry=batched)
+    bh = Histogram("h", "h", ["a"], buckets=LATENCY_BUCKETS, registry=batched)
+    tally = Tally()
+    rng = random.Random(5)
+    for _ in range(500):
+        label = rng.choice("xyz")
+        value = rng.choice([0.0, 0.0001, 0.00099, 0.001, 0.3, 2.5, 99.0, rng.random()])
+        dc.labels(label).inc(value)
+        dh.labels(label).observe(value)
+        tally.inc(bc, (label,), value)
+        tally.observe(bh, (label,), value)
+    assert not batched.get_sample_value("c_total", {"a": "x"})  # nothing handed over yet
+    tally.flush()
+    for family in direct.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue  # when each series was made, not what it counts
+            got = batched.get_sample_value(sample.name, sample.labels)
+            assert got is not None and abs(got - sample.value) < 1e-9, sample
+    tally.flush()  # nothing pending: nothing changes
+    assert batched.get_sample_value("c_total", {"a": "x"}) == direct.get_sample_value(
+        "c_total", {"a": "x"})
+
+
+def test_gauges_take_their_latest_value_at_the_flush() -> None:
+    registry = CollectorRegistry()
+    gauge = Gauge("g", "g", ["tier"], registry=registry)
+    tally = Tally()
+    for value in (3, 7, 2):
+        tally.set(gauge, ("zone",), value)
+    assert registry.get_sample_value("g", {"tier": "zone"}) == 0  # nothing handed over yet
+    tally.flush()
+    assert registry.get_sample_value("g", {"tier": "zone"}) == 2
+    gauge.labels("zone").set(9)  # set elsewhere since: an idle flush leaves it alone
+    tally.flush()
+    assert registry.get_sample_value("g", {"tier": "zone"}) == 9
+    tally.set(gauge, ("zone",), 0)
+    tally.flush()
+    assert registry.get_sample_value("g", {"tier": "zone"}) == 0
+
+
+def test_admission_gauges_are_exact_at_every_collection() -> None:
+    metrics = GatewayMetrics(CollectorRegistry())
+    observer = MetricsObserver(metrics)
+    observer.admission("zone", 4, 2)
+    observer.admission("zone", 3, 1)
+    registry = metrics.registry  # collecting flushes the tally first
+    assert registry.get_sample_value("gateway_queue_depth", {"tier": "zone"}) == 3
+    assert registry.get_sample_value("gateway_upstream_inflight", {"tier": "zone"}) == 1
+
+
+def test_reading_the_registry_flushes_first() -> None:
+    registry = CollectorRegistry()
+    observer = MetricsObserver(GatewayMetrics(registry))
+    observer.request_done("/v1/embeddings", 200, "HIT", 0.002)
+    observer.shed("queue_full")
+    assert registry.get_sample_value("gateway_shed_total", {"reason": "queue_full"}) == 1
+    assert registry.get_sample_value("gateway_requests_total", {
+        "route": "/v1/embeddings", "status": "200", "cache": "HIT"}) == 1
+    assert registry.get_sample_value("gateway_request_duration_seconds_bucket", {
+        "route": "/v1/embeddings", "cache": "HIT", "le": "0.0025"}) == 1

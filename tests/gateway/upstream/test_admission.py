@@ -1,0 +1,178 @@
+"""Admission: per-tier concurrency, bounded FIFO queue, shedding at once, deadlines in the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.errors import DeadlineExceeded, Overloaded
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.prometheus import MetricsObserver
+from gateway.upstream.admission.control import Admission, AdmissionSettings, Slot
+
+
+def make(concurrency: int = 1, queue: int = 2) -> tuple[Admission, CollectorRegistry]:
+    registry = CollectorRegistry()
+    admission = Admission(AdmissionSettings(tier_concurrency=concurrency, tier_queue=queue),
+                          observer=MetricsObserver(GatewayMetrics(registry)))
+    return admission, registry
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"tier_concurrency": 0}, "tier_concurrency"),
+    ({"tier_queue": -1}, "tier_queue"),
+    ({"tier_concurrency": 1.5}, "tier_concurrency"),
+])
+def test_settings_reject_bad_values_naming_the_field(kwargs: dict[str, object],
+                                                     field: str) -> None:
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        AdmissionSettings(**kwargs)  # type: ignore[arg-type]
+
+
+def later(seconds: float) -> float:
+    return time.monotonic() + seconds
+
+
+def shed(registry: CollectorRegistry, reason: str) -> float:
+    return registry.get_sample_value("gateway_shed_total", {"reason": reason}) or 0.0
+
+
+async def test_slots_up_to_the_limit_then_fifo_queue() -> None:
+    admission, registry = make(concurrency=2, queue=5)
+    first = await admission.acquire("zone", deadline=later(5))
+    second = await admission.acquire("zone", deadline=later(5))
+    assert not first.waited and admission.inflight("zone") == 2
+    assert registry.get_sample_value("gateway_upstream_inflight", {"tier": "zone"}) == 2
+    order: list[int] = []
+
+    async def wait(i: int) -> Slot:
+        slot = await admission.acquire("zone", deadline=later(5))
+        order.append(i)
+        return slot
+
+    waiters = [asyncio.create_task(wait(i)) for i in range(3)]
+    await asyncio.sleep(0.01)
+    assert admission.queue_depth("zone") == 3
+    assert registry.get_sample_value("gateway_queue_depth", {"tier": "zone"}) == 3
+    assert admission.inflight("region") == 0  # tiers are independent
+    first.release()
+    first.release()  # idempotent
+    second.release()
+    await asyncio.sleep(0.01)
+    assert order == [0, 1]
+    slots = [w.result() for w in waiters if w.done()]
+    assert all(s.waited for s in slots)
+    for slot in slots:
+        async with slot:
+            pass
+    await asyncio.sleep(0.01)
+    assert order == [0, 1, 2]
+    waiters[2].result().release()
+    assert admission.inflight("zone") == 0 and admission.queue_depth("zone") == 0
+
+
+async def test_full_queue_sheds_at_once_with_retry_after_and_stays_bounded() -> None:
+    admission, registry = make(concurrency=1, queue=10)
+    held = await admission.acquire("zone", deadline=later(5))
+    admission.observe(0.5, tier="zone")
+    results: list[BaseException | Slot] = []
+
+    async def attempt() -> None:
+        try:
+            results.append(await admission.acquire("zone", deadline=later(60)))
+        except Overloaded as exc:
+            results.append(exc)
+
+    tasks = [asyncio.create_task(attempt()) for _ in range(500)]
+    await asyncio.sleep(0.05)
+    assert admission.queue_depth("zone") == 10  # never more than its limit
+    refused = [r for r in results if isinstance(r, Overloaded)]
+    assert len(refused) == 490 and all(r.reason == "queue_full" for r in refused)
+    retry_after = int(refused[0].headers()["Retry-After"])
+    assert retry_after >= 1
+    assert shed(registry, "queue_full") == 490
+
+    start = time.perf_counter()
+    with pytest.raises(Overloaded):  # shed without waiting on anything
+        await admission.acquire("zone", deadline=later(60))
+    assert time.perf_counter() - start < 0.5
+
+    held.release()
+    for _ in range(10):
+        await asyncio.sleep(0.01)
+        for r in list(results):
+            if isinstance(r, Slot):
+                results.remove(r)
+                r.release()
+    await asyncio.gather(*tasks)
+    assert admission.queue_depth("zone") == 0 and admission.inflight("zone") == 0
+
+
+async def test_expected_wait_past_the_deadline_sheds_at_once() -> None:
+    admission, registry = make(concurrency=1, queue=10)
+    held = await admission.acquire("zone", deadline=later(5))
+    admission.observe(0.4, tier="zone")  # a slot is held ~0.4 s
+    with pytest.raises(Overloaded) as info:
+        await admission.acquire("zone", deadline=later(0.2))
+    assert info.value.reason == "deadline"
+    assert info.value.status == 503 and "Retry-After" in info.value.headers()
+    assert shed(registry, "deadline") == 1
+    assert admission.check("zone", deadline=later(0.2)) is not None
+    assert admission.check("zone", deadline=later(5)) is None  # enough time: it would queue
+    queued = asyncio.create_task(admission.acquire("zone", deadline=later(5)))
+    await asyncio.sleep(0.01)
+    assert admission.queue_depth("zone") == 1
+    held.release()
+    (await queued).release()
+
+
+async def test_deadline_passing_in_the_queue_is_a_504_and_leaves_the_queue() -> None:
+    admission, registry = make(concurrency=1, queue=10)
+    held = await admission.acquire("zone", deadline=later(5))
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        await admission.acquire("zone", deadline=later(0.05))
+    assert time.monotonic() - start >= 0.04
+    assert admission.queue_depth("zone") == 0
+    assert shed(registry, "expired") == 1
+    held.release()
+    assert admission.inflight("zone") == 0  # nobody left to hand the slot to
+
+    with pytest.raises(DeadlineExceeded):  # already past: refused before queueing
+        await admission.acquire("zone", deadline=time.monotonic() - 1)
+
+
+async def test_cancelled_waiter_leaves_the_queue() -> None:
+    admission, _ = make(concurrency=1, queue=10)
+    held = await admission.acquire("zone", deadline=later(5))
+    waiter = asyncio.create_task(admission.acquire("zone", deadline=later(5)))
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert admission.queue_depth("zone") == 0
+    held.release()
+    assert admission.inflight("zone") == 0
+
+
+async def test_try_acquire_never_queues() -> None:
+    admission, _ = make(concurrency=1, queue=10)
+    slot = admission.try_acquire("zone")
+    assert slot is not None
+    assert admission.try_acquire("zone") is None
+    slot.release()
+    assert admission.try_acquire("zone") is not None
+
+
+async def test_service_time_ewma_comes_from_released_slots() -> None:
+    admission, _ = make()
+    assert admission.service_time_s("zone") == 0.0
+    slot = await admission.acquire("zone", deadline=later(5))
+    await asyncio.sleep(0.02)
+    slot.release()
+    assert admission.service_time_s("zone") >= 0.015
+    admission.observe(1.0)  # no tier: every known tier
+    assert admission.service_time_s("zone") > 0.2
