@@ -30,7 +30,7 @@ _NO_STORE = {"Cache-Control": "no-store"}
 
 
 def load_page() -> bytes:
-    """The dashboard HTML shipped in the package (``gateway/static/dashboard.html``)."""
+    """The dashboard HTML shipped in the package (``gateway/http/static/dashboard.html``)."""
     # Beside the package's modules (package data), not importlib.resources: editable installs
     # on Python 3.11 give gateway a search path that the resources API rejects.
     return (Path(__file__).resolve().parent.parent / "static" / "dashboard.html").read_bytes()

@@ -1,4 +1,4 @@
-"""``GET /openapi.json``: the gateway's OpenAPI 3.1 document (``gateway/openapi.json``).
+"""``GET /openapi.json``: the gateway's OpenAPI 3.1 document (``gateway/http/openapi.json``).
 
 The document is package data, read once when the app is built, and kept true by
 ``tests/gateway/http/test_openapi.py`` (every registered route is documented with its methods and
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-DOCUMENT = Path(__file__).resolve().parent / "openapi.json"
+DOCUMENT = Path(__file__).resolve().parent.parent / "openapi.json"
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""The gateway's OpenAPI document (``gateway/openapi.json``) is true to the running gateway.
+"""The gateway's OpenAPI document (``gateway/http/openapi.json``) is true to the running gateway.
 
 Every route the app registers is documented with its methods and nothing else is; the request
 examples fit their schemas and a real gateway in front of the real backend answers each without
