@@ -13,10 +13,11 @@ import orjson
 import pytest
 
 from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
-from gateway.routing import BackendSpec, HealthChecker, Router, RoutingSettings
+from gateway.routing import BackendSpec, Router, RoutingSettings
 from gateway.upstream import grpc_wire as gw
 from gateway.upstream import oip_pb2 as pb
 from gateway.upstream.grpc import SCHEME, GrpcTransport, channel_options
+from gateway.upstream.health import HealthChecker
 from gateway.upstream.transport import (
     ConnectFailed,
     ConnectTimeout,

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, Overloaded
-from gateway.routing import HealthChecker
 from gateway.upstream import InferResult
+from gateway.upstream.health import HealthChecker
 from tests.gateway.routing.oip_fake import fake_embedding
 from tests.gateway.upstream.upstream_rig import Build
 

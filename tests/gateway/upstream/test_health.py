@@ -9,7 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.routing import BackendSpec, HealthChecker, Router, RoutingSettings
+from gateway.routing import BackendSpec, Router, RoutingSettings
+from gateway.upstream.health import HealthChecker
 from tests.gateway.routing.oip_fake import FakeBackend
 
 MODELS = ("minilm",)  # the models whose versions the checker reads

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from gateway.routing import BackendSpec, HealthChecker, Router, RoutingSettings
+from gateway.routing import BackendSpec, Router, RoutingSettings
+from gateway.upstream.health import HealthChecker
 from tests.gateway.routing.oip_fake import FakeBackend, free_port
 
 LOGGER = "gateway.upstream.health"
