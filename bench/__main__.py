@@ -1,8 +1,9 @@
 """Run benchmarks by name: ``python -m bench all|backend|latency|gateway|cache|policy|overload``.
 
-``fuzz`` (the OpenAPI-driven fuzzer, 10,000 cases per service), ``batch`` (a 10,000-line batch job
-beside interactive load, a few minutes) and ``soak`` (10 minutes of mixed
-traffic under faults) run only by name: they are long and not part of ``all``.
+``cpu`` (instructions per request under callgrind, several minutes), ``fuzz`` (the
+OpenAPI-driven fuzzer, 10,000 cases per service), ``batch`` (a 10,000-line batch job beside
+interactive load, a few minutes) and ``soak`` (10 minutes of mixed traffic under faults) run only
+by name: they are long and not part of ``all``.
 
 ``resilience`` kills a near-zone model server under steady load, with and without the retry
 policy (issue 15).
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 
 ORDER = ("policy", "cache", "backend", "latency", "gateway", "overload", "tenants",
          "resilience")
-BY_NAME = ("fuzz", "soak", "batch")  # long runs, never part of "all"
+BY_NAME = ("fuzz", "soak", "batch", "cpu")  # long runs, never part of "all"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

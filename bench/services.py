@@ -14,13 +14,15 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from bench.procs import Service, clean_env, free_port
+
+__all__ = ["Server", "Service", "started"]
 
 
 @dataclass
@@ -30,6 +32,7 @@ class Server:
     service: Service
     port: int
     workdir: str | None = None
+    grpc_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -61,9 +64,10 @@ class Server:
         self.stop()
 
 
-def _started(service: Service, port: int, ready_path: str | None, timeout_s: float,
-             workdir: str | None = None) -> Server:
-    server = Server(service.start(), port, workdir)
+def started(service: Service, port: int, ready_path: str | None, timeout_s: float,
+            workdir: str | None = None, grpc_port: int | None = None) -> Server:
+    """Starts ``service`` and waits until ``ready_path`` answers 200 (stopped on failure)."""
+    server = Server(service.start(), port, workdir, grpc_port)
     try:
         if ready_path is not None:
             service.wait_http(server.url + ready_path, timeout_s=timeout_s)
@@ -73,13 +77,19 @@ def _started(service: Service, port: int, ready_path: str | None, timeout_s: flo
     return server
 
 
-def backend(models: Path, *, cores: frozenset[int] | None, threads: int = 1) -> Server:
-    """``python -m backend serve`` with the real model, ready (warmed up) on return."""
+def backend(models: Path, *, cores: frozenset[int] | None, threads: int = 1,
+            grpc: bool = False) -> Server:
+    """``python -m backend serve`` with the real model, ready (warmed up) on return; with
+    ``grpc`` its gRPC service listens too (``Server.grpc_port``)."""
     port = free_port()
     argv = [sys.executable, "-m", "backend", "serve", "--models", str(models), "--host",
             "127.0.0.1", "--port", str(port), "--threads", str(threads), "--device", "cpu",
             "--log-level", "WARNING"]
-    return _started(Service("backend", argv, cores=cores), port, "/v2/health/ready", 240.0)
+    grpc_port = free_port() if grpc else None
+    if grpc_port is not None:
+        argv += ["--grpc-port", str(grpc_port)]
+    return started(Service("backend", argv, cores=cores), port, "/v2/health/ready", 240.0,
+                   grpc_port=grpc_port)
 
 
 def slow_backend(*, cores: frozenset[int] | None, slots: int, service_ms: float,
@@ -88,35 +98,39 @@ def slow_backend(*, cores: frozenset[int] | None, slots: int, service_ms: float,
     port = free_port()
     argv = [sys.executable, "-m", "bench.slow_backend", "--port", str(port), "--slots",
             str(slots), "--service-ms", str(service_ms), "--max-queue", str(max_queue)]
-    return _started(Service("slow-backend", argv, cores=cores), port, "/v2/health/ready", 30.0)
+    return started(Service("slow-backend", argv, cores=cores), port, "/v2/health/ready", 30.0)
 
 
 def hello(*, cores: frozenset[int] | None) -> Server:
     """The bare aiohttp hello-world (``bench.hello``)."""
     port = free_port()
     argv = [sys.executable, "-m", "bench.hello", "--port", str(port)]
-    return _started(Service("hello", argv, cores=cores), port, "/", 30.0)
+    return started(Service("hello", argv, cores=cores), port, "/", 30.0)
 
 
-def floor(answer_file: Path, *, cores: frozenset[int] | None) -> Server:
-    """The hit floor: aiohttp + uvloop answering a stored gateway hit (``bench.floor``)."""
+def floor(answer_file: Path, *, cores: frozenset[int] | None, prefix: Sequence[str] = (),
+          ready_timeout_s: float = 30.0) -> Server:
+    """The hit floor: aiohttp + uvloop answering a stored gateway hit (``bench.floor``);
+    ``prefix``: a wrapper command (valgrind for ``bench cpu``)."""
     port = free_port()
-    argv = [sys.executable, "-m", "bench.floor", "--port", str(port), "--answer",
+    argv = [*prefix, sys.executable, "-m", "bench.floor", "--port", str(port), "--answer",
             str(answer_file)]
-    return _started(Service("floor", argv, cores=cores), port, "/", 30.0)
+    return started(Service("floor", argv, cores=cores), port, "/", ready_timeout_s)
 
 
 def gateway(backend_url: str, *, cores: frozenset[int] | None, redis_url: str | None = None,
             settings: Mapping[str, object] | None = None,
-            name: str = "gateway", workers: int = 1, src: Path | None = None) -> Server:
+            name: str = "gateway", workers: int = 1, src: Path | None = None,
+            prefix: Sequence[str] = (), ready_timeout_s: float = 60.0) -> Server:
     """``python -m gateway serve --workers N`` (1) in front of ``backend_url``; ``settings``
     (nested sections or dotted names -> values, as gateway/settings loads them) go in a YAML
     config file (``--config``) in the server's work dir. Its node cache starts empty in that
     work dir too (never the user's), unless ``settings`` name another ``cache.node.path``.
-    ``src``: run the gateway package of another checkout (before/after runs)."""
+    ``src``: run the gateway package of another checkout (before/after runs); ``prefix``: a
+    wrapper command (valgrind for ``bench cpu``)."""
     port = free_port()
-    argv = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--backend", backend_url, "--workers", str(workers)]
+    argv = [*prefix, sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port",
+            str(port), "--backend", backend_url, "--workers", str(workers)]
     if redis_url is not None:
         argv += ["--redis", redis_url]
     workdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
@@ -129,7 +143,7 @@ def gateway(backend_url: str, *, cores: frozenset[int] | None, redis_url: str | 
     argv += ["--config", str(config)]
     service = Service(name, argv, cores=cores, env=clean_env(),
                       cwd=str(src) if src is not None else None)
-    return _started(service, port, "/readyz", 60.0, workdir)
+    return started(service, port, "/readyz", ready_timeout_s, workdir)
 
 
 def _names_node_path(settings: Mapping[str, object]) -> bool:

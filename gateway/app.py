@@ -111,7 +111,8 @@ def create_app(
     cache = TieredCache(l1, l2, node=node, observer=observer)
     app[state.CACHE] = cache
     app[state.FRAGMENTS] = FragmentCache()
-    app.cleanup_ctx.append(_lifetime(handle_signals, clock))
+    lifetimes = [_telemetry, _stores, _transport, _policies, _tenants, _health, _pipeline(clock)]
+    app.cleanup_ctx.extend([*lifetimes, *([_sighup] if handle_signals else [])])
 
     app.router.add_post("/v1/embeddings", openai.embeddings)
     app.router.add_post("/v1/classify", openai.classify)
@@ -127,68 +128,112 @@ def create_app(
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/openapi.json", openapi.handler(openapi.load()))
     ops_routes.register(app)
-    batch.register(app)  # after _lifetime: its worker needs the pipeline
+    batch.register(app)  # after the pipeline's lifetime: its worker needs the pipeline
     return app
 
 
-def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
-        [web.Application], AsyncIterator[None]]:
-    async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        settings = app[state.SETTINGS]
-        router = app[state.ROUTER]
-        http = AiohttpTransport.create(pool_size=settings.routing.pool_size,
-                                       connect_timeout_s=settings.routing.connect_timeout_s)
-        grpc = GrpcTransport(connect_timeout_s=settings.routing.connect_timeout_s)
-        # Each backend by its URL's scheme: http(s):// over the session, grpc:// over gRPC.
-        transport = SchemeTransport({"http": http, "https": http, "grpc": grpc})
-        policies = app[state.POLICIES]
-        # The PII fold tables, built off the loop before traffic (else the first non-ASCII
-        # request pays for them).
-        await asyncio.get_running_loop().run_in_executor(None, fold.prepare)
-        await policies.reload()
-        await policies.start()
-        tenants = app[state.TENANTS]
-        await tenants.start()
-        admission = Admission(settings.admission, observer=app[state.OBSERVER],
+# Each long-lived resource has its own cleanup context, in the order they start: when one fails
+# to start, aiohttp runs the exits of those already started (in reverse), so nothing leaks.
+async def _telemetry(app: web.Application) -> AsyncIterator[None]:
+    app[state.ACCESS_LOG].start()
+    app[state.METRICS].tally.start(_METRICS_FLUSH_S)
+    try:
+        yield
+    finally:
+        await app[state.METRICS].tally.stop()
+        await app[state.ACCESS_LOG].stop()
+
+
+async def _stores(app: web.Application) -> AsyncIterator[None]:
+    """The cache tiers and the quota gate were built with the app; they close last but one."""
+    try:
+        yield
+    finally:
+        await app[state.CACHE].close()
+        await app[state.QUOTAS].close()
+
+
+async def _transport(app: web.Application) -> AsyncIterator[None]:
+    routing = app[state.SETTINGS].routing
+    http = AiohttpTransport.create(pool_size=routing.pool_size,
+                                   connect_timeout_s=routing.connect_timeout_s)
+    grpc = GrpcTransport(connect_timeout_s=routing.connect_timeout_s)
+    # Each backend by its URL's scheme: http(s):// over the session, grpc:// over gRPC.
+    app[state.TRANSPORT] = SchemeTransport({"http": http, "https": http, "grpc": grpc})
+    try:
+        yield
+    finally:
+        await app[state.TRANSPORT].close()
+
+
+async def _policies(app: web.Application) -> AsyncIterator[None]:
+    policies = app[state.POLICIES]
+    # The PII fold tables, built off the loop before traffic (else the first non-ASCII request
+    # pays for them).
+    await asyncio.get_running_loop().run_in_executor(None, fold.prepare)
+    await policies.reload()
+    await policies.start()
+    try:
+        yield
+    finally:
+        await policies.stop()
+
+
+async def _tenants(app: web.Application) -> AsyncIterator[None]:
+    await app[state.TENANTS].start()
+    try:
+        yield
+    finally:
+        await app[state.TENANTS].stop()
+
+
+async def _health(app: web.Application) -> AsyncIterator[None]:
+    settings = app[state.SETTINGS]
+    health = HealthChecker(app[state.ROUTER], app[state.TRANSPORT], settings.routing,
+                           models=settings.models)
+    await health.start()
+    try:
+        yield
+    finally:
+        await health.stop()
+
+
+def _pipeline(clock: Callable[[], float]) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def pipeline_lifetime(app: web.Application) -> AsyncIterator[None]:
+        settings, router = app[state.SETTINGS], app[state.ROUTER]
+        policies, observer = app[state.POLICIES], app[state.OBSERVER]
+        admission = Admission(settings.admission, observer=observer,
                               share=app[state.TENANTS].share)
         app[state.ADMISSION] = admission
-        upstream = Upstream(transport, router, admission, settings.routing,
-                            observer=app[state.OBSERVER])
+        upstream = Upstream(app[state.TRANSPORT], router, admission, settings.routing,
+                            observer=observer)
         app[state.UPSTREAM] = upstream
-        health = HealthChecker(router, transport, settings.routing,
-                               models=settings.models)
-        await health.start()
-        app[state.ACCESS_LOG].start()
-        app[state.METRICS].tally.start(_METRICS_FLUSH_S)
         pipeline = Pipeline(policies=policies, cache=app[state.CACHE], upstream=upstream,
-                            model_version=router.model_version, observer=app[state.OBSERVER],
+                            model_version=router.model_version, observer=observer,
                             clock=clock, log_request_text=settings.logging.request_text)
         app[state.PIPELINE] = pipeline
         app[state.HOT] = HotAnswers(policies=policies, l1=app[state.CACHE].l1,
-                                    model_version=router.model_version,
-                                    observer=app[state.OBSERVER], clock=clock,
-                                    enabled=not settings.logging.request_text,
+                                    model_version=router.model_version, observer=observer,
+                                    clock=clock, enabled=not settings.logging.request_text,
                                     node=app[state.CACHE].node)
-        loop = asyncio.get_running_loop()
-        if handle_signals:
-            loop.add_signal_handler(signal.SIGHUP,
-                                    lambda: pipeline.background.spawn(_reload(policies, tenants)))
         try:
             yield
         finally:
-            if handle_signals:
-                loop.remove_signal_handler(signal.SIGHUP)
-            await health.stop()
-            await policies.stop()
-            await tenants.stop()
             await pipeline.drain()
-            await app[state.CACHE].close()
-            await app[state.QUOTAS].close()
-            await transport.close()
-            await app[state.METRICS].tally.stop()
-            await app[state.ACCESS_LOG].stop()
 
-    return lifetime
+    return pipeline_lifetime
+
+
+async def _sighup(app: web.Application) -> AsyncIterator[None]:
+    """SIGHUP reloads the policy and the tenants file (only when the app handles signals)."""
+    policies, tenants, pipeline = app[state.POLICIES], app[state.TENANTS], app[state.PIPELINE]
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP,
+                            lambda: pipeline.background.spawn(_reload(policies, tenants)))
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
 
 
 async def _reload(policies: PolicyStore, tenants: TenantStore) -> None:

@@ -92,8 +92,10 @@ async def _serve(app: web.Application, settings: Settings, *, reuse_port: bool) 
     """``web.run_app``'s job (which cannot take another runner) with ``GatewayRunner``."""
     # keepalive_timeout: run_app's default, kept (the handler's own default is an hour).
     runner = GatewayRunner(app, access_log=None, keepalive_timeout=75.0, shutdown_timeout=10.0)
-    await runner.setup()
     try:
+        # Inside the try: a start that fails half-way still runs the exits of the cleanup
+        # contexts that did start (gateway/app.py keeps one per resource).
+        await runner.setup()
         site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port)
         await site.start()
         stop = asyncio.Event()

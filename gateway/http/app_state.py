@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from gateway.tenants.store import TenantStore
     from gateway.upstream import Upstream
     from gateway.upstream.admission.control import Admission
+    from gateway.upstream.transport import Transport
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings")
 METRICS: web.AppKey[GatewayMetrics] = web.AppKey("metrics")
@@ -37,6 +38,8 @@ POLICIES: web.AppKey[PolicyStore] = web.AppKey("policies")
 CACHE: web.AppKey[TieredCache] = web.AppKey("cache")
 ROUTER: web.AppKey[Router] = web.AppKey("router")
 UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream")
+TRANSPORT: web.AppKey[Transport] = web.AppKey("transport")
+"""Every backend call's transport (REST and gRPC by URL scheme), shared by upstream and health."""
 STATS: web.AppKey[Stats] = web.AppKey("stats")
 FRAGMENTS: web.AppKey[FragmentCache] = web.AppKey("fragments")
 ADMISSION: web.AppKey[Admission] = web.AppKey("admission")

@@ -1,0 +1,275 @@
+"""Instructions per request, counted by callgrind: a figure the machine's load cannot move.
+
+``python -m bench cpu [--requests N] [--warmup N] [--cases a,b,...] [--gateway-src DIR]``
+
+Each server runs alone under ``valgrind --tool=callgrind`` (the backend, where a case needs one,
+runs outside it: its compute is the model's). After a warm-up the counters are zeroed
+(``callgrind_control -z``), N requests go one at a time over one keep-alive connection, and the
+counters are dumped (``callgrind_control -d``). Timers and background tasks (health checks,
+metric flushes) run during that window too, so an idle window of the same length is counted
+the same way and subtracted: what is left, divided by N, is the cost of one request.
+
+Cases:
+- ``floor_hit``: ``bench.floor`` (aiohttp + uvloop) answering a stored gateway hit, no work besides;
+- ``hot``: the gateway answering a repeated body from its hot answer;
+- ``l1_hit``: the gateway's full path answered by L1 (each body made unique by trailing
+  whitespace, so it is never a hot answer);
+- ``node_hit``: the same with ``cache.max_entries: 1``, so the node tier answers;
+- ``proxy_miss``: ``bench.latency proxy`` (one pooled aiohttp ClientSession) before the backend;
+- ``miss`` / ``miss_grpc``: the gateway, true misses (a new text per request) of
+  ``/v1/embeddings`` over a REST / gRPC upstream, shipped settings.
+
+``--gateway-src`` runs another checkout's gateway package (before/after figures in one run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import orjson
+
+from bench import services
+from bench.procs import busy_seconds, free_port
+
+MODEL = "minilm"
+CASES = ("floor_hit", "hot", "l1_hit", "node_hit", "proxy_miss", "miss", "miss_grpc")
+
+
+class Counted:
+    """A server under callgrind: zero, dump and read its instruction counter."""
+
+    def __init__(self, server: services.Server, outdir: Path) -> None:
+        self.server = server
+        self.outdir = outdir
+
+    def _control(self, flag: str) -> None:
+        subprocess.run(["callgrind_control", flag, str(self.server.service.pid)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+
+    def zero(self) -> None:
+        self._control("-z")
+
+    def dump(self) -> int:
+        """Instructions since the last zero (the newest dump's ``totals``)."""
+        before = set(self.outdir.glob("cg.*"))
+        self._control("-d")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            new = sorted(set(self.outdir.glob("cg.*")) - before, key=lambda p: p.stat().st_mtime)
+            for path in reversed(new):
+                for line in path.read_text(errors="replace").splitlines():
+                    if line.startswith(("totals:", "summary:")):
+                        return int(line.split()[1])
+            time.sleep(0.2)
+        raise RuntimeError("callgrind wrote no dump")
+
+
+def valgrind(outdir: Path) -> list[str]:
+    return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={outdir}/cg.%p",
+            "--dump-instr=no", "--collect-jumps=no"]
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection, one request at a time (outside valgrind)."""
+
+    def __init__(self, port: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+    def post(self, path: str, body: bytes, headers: dict[str, str] | None = None,
+             ) -> tuple[int, dict[str, str], bytes]:
+        self.conn.request("POST", path, body=body,
+                          headers={"Content-Type": "application/json", **(headers or {})})
+        resp = self.conn.getresponse()
+        data = resp.read()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def embeddings_body(text: str, pad: int = 0) -> bytes:
+    return orjson.dumps({"model": MODEL, "input": text}) + b" " * pad
+
+
+def measure(counted: Counted, client: Client, send: Callable[[int], None], *, warmup: int,
+            requests: int) -> float:
+    """Instructions per request, the idle window's rate subtracted."""
+    for i in range(warmup):
+        send(i)
+    counted.zero()
+    t0 = time.monotonic()
+    for i in range(warmup, warmup + requests):
+        send(i)
+    busy = counted.dump()
+    elapsed = time.monotonic() - t0
+    counted.zero()
+    time.sleep(min(elapsed, 30.0))
+    idle = counted.dump() / min(elapsed, 30.0)
+    return (busy - idle * elapsed) / requests
+
+
+def expect(status: int, headers: dict[str, str], cache: str | None) -> None:
+    if status != 200:
+        raise RuntimeError(f"answer {status}")
+    if cache is not None and headers.get("x-cache") != cache:
+        raise RuntimeError(f"expected X-Cache {cache}, got {headers.get('x-cache')}")
+
+
+@contextlib.contextmanager
+def under_callgrind(start: Callable[[list[str]], services.Server]) -> Iterator[Counted]:
+    with tempfile.TemporaryDirectory(prefix="bench-cpu-") as out:
+        server = start(valgrind(Path(out)))
+        try:
+            yield Counted(server, Path(out))
+        finally:
+            server.stop()
+
+
+def gateway_case(case: str, backend: services.Server, src: Path | None, warmup: int,
+                 requests: int) -> float:
+    settings: dict[str, object] = {}
+    if case == "node_hit":
+        settings["cache.max_entries"] = 1
+    url = backend.url if case != "miss_grpc" else f"grpc://127.0.0.1:{backend.grpc_port}"
+
+    def start(prefix: list[str]) -> services.Server:
+        return services.gateway(url, cores=None, settings=settings, src=src, prefix=prefix,
+                                ready_timeout_s=600.0)
+
+    with under_callgrind(start) as counted:
+        client = Client(counted.server.port)
+        try:
+            if case in ("l1_hit", "node_hit", "hot"):
+                texts = [f"a warm sentence number {i}" for i in range(8)]
+                for t in texts:  # store them (MISS), then they answer from the cache
+                    expect(*client.post("/v1/embeddings", embeddings_body(t))[:2], None)
+
+            def send(i: int) -> None:
+                if case == "hot":
+                    s, h, _ = client.post("/v1/embeddings", embeddings_body("a warm sentence "
+                                                                              "number 0"))
+                    expect(s, h, "HIT")
+                elif case in ("l1_hit", "node_hit"):
+                    # A body never sent before (never hot), a text the cache holds.
+                    s, h, _ = client.post("/v1/embeddings",
+                                          embeddings_body(f"a warm sentence number {i % 8}",
+                                                          pad=i + 1))
+                    expect(s, h, "HIT")
+                else:
+                    s, h, _ = client.post("/v1/embeddings",
+                                          embeddings_body(f"a new sentence {i} to embed"))
+                    expect(s, h, "MISS")
+
+            return measure(counted, client, send, warmup=warmup, requests=requests)
+        finally:
+            client.close()
+
+
+
+def floor_case(backend: services.Server, warmup: int, requests: int) -> float:
+    # The floor answers what the gateway answers for a hit: take one from a plain gateway.
+    with services.gateway(backend.url, cores=None) as gw:
+        c = Client(gw.port)
+        c.post("/v1/embeddings", embeddings_body("a warm sentence number 0"))
+        status, headers, body = c.post("/v1/embeddings", embeddings_body("a warm sentence "
+                                                                         "number 0"))
+        c.close()
+        expect(status, headers, "HIT")
+    with tempfile.NamedTemporaryFile("wb", suffix=".json", delete=False) as f:
+        f.write(orjson.dumps({"body": body.decode(), "headers": headers}))
+        answer = Path(f.name)
+    try:
+        def start(prefix: list[str]) -> services.Server:
+            return services.floor(answer, cores=None, prefix=prefix, ready_timeout_s=600.0)
+
+        with under_callgrind(start) as counted:
+            client = Client(counted.server.port)
+
+            def send(i: int) -> None:
+                expect(*client.post("/v1/embeddings", embeddings_body("x"))[:2], None)
+
+            try:
+                return measure(counted, client, send, warmup=warmup, requests=requests)
+            finally:
+                client.close()
+    finally:
+        answer.unlink()
+
+
+def proxy_case(backend: services.Server, warmup: int, requests: int) -> float:
+    def start(prefix: list[str]) -> services.Server:
+        port = free_port()
+        argv = [*prefix, sys.executable, "-m", "bench.latency", "proxy", "--port", str(port),
+                "--upstream", backend.url]
+        return services.started(services.Service("proxy", argv), port, "/v2/health/ready", 600.0)
+
+    with under_callgrind(start) as counted:
+        client = Client(counted.server.port)
+
+        def send(i: int) -> None:
+            body = orjson.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                             "data": [f"a new sentence {i} to embed"]}]})
+            expect(*client.post(f"/v2/models/{MODEL}/infer", body)[:2], None)
+
+        try:
+            return measure(counted, client, send, warmup=warmup, requests=requests)
+        finally:
+            client.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench cpu", description=__doc__)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--gateway-src", type=Path, action="append", default=[],
+                        help="also run the gateway cases from this checkout (repeatable)")
+    parser.add_argument("--models", type=Path, default=Path("models"))
+    args = parser.parse_args(argv)
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown cases: {', '.join(sorted(unknown))} (have: {', '.join(CASES)})")
+    busy0, t0 = busy_seconds(), time.monotonic()
+    rows: list[tuple[str, str, float]] = []
+    with services.backend(args.models, cores=None, grpc=True) as backend:
+        for case in cases:
+            if case == "floor_hit":
+                rows.append((case, "floor", floor_case(backend, args.warmup, args.requests)))
+            elif case == "proxy_miss":
+                rows.append((case, "floor", proxy_case(backend, args.warmup, args.requests)))
+            else:
+                for src in [None, *args.gateway_src]:
+                    label = "this checkout" if src is None else str(src)
+                    rows.append((case, label,
+                                 gateway_case(case, backend, src, args.warmup, args.requests)))
+    wall = time.monotonic() - t0
+    print(f"requests per case: {args.requests} (after {args.warmup} warm-up); instructions "
+          "counted by callgrind, an idle window's rate subtracted\n")
+    print("| case | server | k instructions / request |")
+    print("| --- | --- | ---: |")
+    for case, label, ir in rows:
+        print(f"| {case} | {label} | {ir / 1000:.0f} |")
+    floor = {c: ir for c, _, ir in rows if c in ("floor_hit", "proxy_miss")}
+    print()
+    for case, label, ir in rows:
+        base = floor.get("floor_hit") if case in ("hot", "l1_hit", "node_hit") else (
+            floor.get("proxy_miss") if case.startswith("miss") else None)
+        if base:
+            print(f"- {case} ({label}): {ir / base:.2f}x its floor")
+    other = max(0.0, (busy_seconds() - busy0) / wall)
+    print(f"\nCPU busy on the machine during the run: {other:.2f} cores (instruction counts do "
+          "not depend on it)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
