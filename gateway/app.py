@@ -17,6 +17,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from gateway.adapters.registry import CACHED_PATHS
 from gateway.adapters.render import FragmentCache
 from gateway.cache.memory import MemoryCache
 from gateway.cache.node import open_node_cache
@@ -25,9 +26,7 @@ from gateway.cache.tiered import TieredCache
 from gateway.http import app_state as state
 from gateway.http import batch_jobs as batch
 from gateway.http.middleware import make_error_middleware
-from gateway.http.routes import oip, openai, openapi
-from gateway.http.routes import ops as ops_routes
-from gateway.http.routes import probes as ops
+from gateway.http.routes import cached, oip, openapi, ops, probes
 from gateway.http.serve import rate_limit_headers
 from gateway.pipeline import Pipeline
 from gateway.pipeline.hot_answers import HotAnswers
@@ -100,7 +99,8 @@ def create_app(
         _policy_paths(settings.policies.path), observer=observer,
         shadow_paths=_policy_paths(settings.policies.shadow_path) or None,
         poll_interval_s=settings.policies.poll_interval_s,
-        models=KnownModels(names=settings.models, aliases=settings.model_aliases),
+        models=KnownModels(routes=CACHED_PATHS, names=settings.models,
+                           aliases=settings.model_aliases),
     )
     app[state.POLICIES] = policies
     router = Router(settings.backends, settings.routing, observer=observer)
@@ -114,20 +114,16 @@ def create_app(
     lifetimes = [_telemetry, _stores, _transport, _policies, _tenants, _health, _pipeline(clock)]
     app.cleanup_ctx.extend([*lifetimes, *([_sighup] if handle_signals else [])])
 
-    app.router.add_post("/v1/embeddings", openai.embeddings)
-    app.router.add_post("/v1/classify", openai.classify)
-    app.router.add_post("/v1/rank", openai.rank)
-    app.router.add_post("/v2/models/{name}/infer", oip.infer)
-    app.router.add_post("/v2/models/{name}/versions/{version}/infer", oip.infer)
+    cached.register(app)  # every route of the registry (gateway/adapters/registry.py)
     app.router.add_get("/v2/models/{name}", oip.model_metadata)
     app.router.add_get("/v2/models/{name}/versions/{version}", oip.model_metadata)
     app.router.add_get("/v2/health/ready", oip.server_ready)
     app.router.add_get("/v2/health/live", oip.server_live)
-    app.router.add_get("/healthz", ops.healthz)
-    app.router.add_get("/readyz", ops.readyz)
-    app.router.add_get("/metrics", ops.metrics)
+    app.router.add_get("/healthz", probes.healthz)
+    app.router.add_get("/readyz", probes.readyz)
+    app.router.add_get("/metrics", probes.metrics)
     app.router.add_get("/openapi.json", openapi.handler(openapi.load()))
-    ops_routes.register(app)
+    ops.register(app)
     batch.register(app)  # after the pipeline's lifetime: its worker needs the pipeline
     return app
 

@@ -24,8 +24,6 @@ import orjson
 
 from gateway.errors import PayloadTooLarge, ValidationFailed
 
-ENDPOINTS = ("/v1/embeddings", "/v1/classify", "/v1/rank")
-
 Line = tuple[int, bytes]
 """(1-based line number in the file, the line's bytes)."""
 

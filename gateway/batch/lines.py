@@ -15,15 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
+from gateway.adapters.registry import BY_PATH, Parsing
 from gateway.adapters.render import FragmentCache
-from gateway.adapters.texts import parse_classify, parse_embeddings, parse_rank
 from gateway.batch.jsonl import BadLine, error_line, parse_request, response_line
 from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, ModelNotFound, Overloaded
-from gateway.pipeline import Call, Pipeline
+from gateway.pipeline import Pipeline
 from gateway.pipeline.context import RequestContext
 from gateway.settings import Settings
 
@@ -58,14 +57,7 @@ class LineRunner:
                  model_width: Callable[[str], int | None], fragments: FragmentCache) -> None:
         self._pipeline = pipeline
         self._settings = settings
-        self._width = model_width
-        self._fragments = fragments
-        self._parsers: dict[str, Callable[[dict[str, Any]], Call]] = {
-            "/v1/embeddings": lambda body: parse_embeddings(
-                body, self._resolve, width=self._width, fragments=self._fragments),
-            "/v1/classify": lambda body: parse_classify(body, self._resolve),
-            "/v1/rank": lambda body: parse_rank(body, self._resolve),
-        }
+        self._parsing = Parsing(resolve=self._resolve, width=model_width, fragments=fragments)
 
     def _resolve(self, name: str) -> str:
         model = self._settings.resolve_model(name)
@@ -84,7 +76,7 @@ class LineRunner:
             return LineResult(False, error_line(rid, bad.custom_id, "invalid_request_line",
                                                 bad.message, number))
         try:
-            call = self._parsers[endpoint](body)
+            call = BY_PATH[endpoint].parse(body, self._parsing)
             ctx = RequestContext(
                 request_id=rid, route=endpoint, tenant=tenant,
                 deadline=time.monotonic() + self._settings.max_timeout_ms / 1000.0)

@@ -21,7 +21,8 @@ from typing import IO, Any
 
 import orjson
 
-from gateway.errors import ValidationFailed
+from gateway.adapters.registry import BY_PATH, CACHED_PATHS, Parsing
+from gateway.errors import GatewayError, ValidationFailed
 from gateway.policy.evaluate import evaluate_groups
 from gateway.policy.loader import PolicyError, default_policy, lint, load_policy
 from gateway.policy.targets import OIP_INFER, KnownModels
@@ -38,7 +39,8 @@ class RequestError(ValueError):
 def gateway_models() -> KnownModels:
     """The models (and aliases) a gateway serves with its default settings."""
     defaults = Settings()
-    return KnownModels(names=tuple(defaults.models), aliases=dict(defaults.model_aliases))
+    return KnownModels(routes=CACHED_PATHS, names=tuple(defaults.models),
+                       aliases=dict(defaults.model_aliases))
 
 
 def check(
@@ -66,37 +68,21 @@ def check(
     return status
 
 
-def _strings(value: object, field: str, *, single: bool = True) -> list[str]:
-    if single and isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return list(value)
-    kind = "a string or a list of strings" if single else "a list of strings"
-    raise RequestError(f"{field}: expected {kind}")
-
-
 def texts_of(route: str, body: Mapping[str, Any]) -> Groups:
-    """The texts of a request the policy decides on, by field, as the gateway reads them."""
-    if route in ("/v1/embeddings", "/v1/classify"):
-        groups = [("input", _strings(body.get("input"), "input"))]
-        if route == "/v1/classify" and "labels" in body:
-            groups.append(("labels", _strings(body["labels"], "labels", single=False)))
-        return groups
-    if route == "/v1/rank":
-        query = body.get("query")
-        if not isinstance(query, str):
-            raise RequestError("query: expected a string")
-        return [("query", [query]),
-                ("documents", _strings(body.get("documents"), "documents", single=False))]
-    if route.startswith("/v2/models/") and route.endswith("/infer"):
-        inputs = body.get("inputs")
-        if not isinstance(inputs, list):
-            raise RequestError("inputs: expected a list of tensors")
-        return [(f"inputs[{i}].data", _strings(t.get("data"), f"inputs[{i}].data", single=False))
-                for i, t in enumerate(inputs)
-                if isinstance(t, dict) and t.get("datatype") == "BYTES"]
-    raise RequestError(f"route {route!r}: expected /v1/embeddings, /v1/classify, /v1/rank or "
-                       "/v2/models/<name>/infer")
+    """The texts of a request the policy decides on, by field: the route's own adapter parses the
+    body (gateway/adapters/registry.py) exactly as the gateway does, then names its texts."""
+    pattern = _route_pattern(route)
+    entry = BY_PATH.get(pattern)
+    if entry is None:
+        raise RequestError(f"route {route!r}: expected one of {', '.join(CACHED_PATHS)} "
+                           "(an OIP path may name its model: /v2/models/<name>/infer)")
+    path_model = route.removeprefix("/v2/models/").split("/", 1)[0] if (
+        pattern != route or route == "/v2/models/{name}/infer") else None
+    try:
+        call = entry.parse(dict(body), Parsing(resolve=lambda name: name, path_model=path_model))
+    except GatewayError as exc:
+        raise RequestError(exc.public_message) from None
+    return [(name, list(texts)) for name, texts in call.groups()]
 
 
 def _model_of(route: str, body: Mapping[str, Any]) -> str:
@@ -135,6 +121,8 @@ def explain(
     if not isinstance(data, dict):
         raise RequestError("body: expected a JSON object")
     model = gateway_models().resolve(model or _model_of(route, data))
+    if not route.startswith("/v2/models/"):
+        data.setdefault("model", model)  # --model stands in for a body without one
     groups = texts_of(route, data)
     route = _route_pattern(route)
     lowered = {k.lower(): v for k, v in (headers or {}).items()}
@@ -167,7 +155,7 @@ def _parse_headers(values: Sequence[str]) -> dict[str, str]:
 
 def _models_arg(value: str) -> KnownModels:
     try:
-        return KnownModels(names=tuple(m.strip() for m in value.split(",")))
+        return KnownModels(routes=CACHED_PATHS, names=tuple(m.strip() for m in value.split(",")))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from gateway.policy.model import DETECTOR_NAMES
-from gateway.policy.targets import CACHED_ROUTES, HIDDEN_HEADERS
+from gateway.policy.targets import HIDDEN_HEADERS
 
 DURATION_PATTERN = r"^\s*([0-9]+(\.[0-9]+)?\s*(ms|s|m|h|d)\s*)+$"
 
@@ -96,8 +96,9 @@ SCHEMA: dict[str, Any] = {
             "description": "All listed conditions must hold; an empty match matches everything.",
             "properties": {
                 "routes": {"$ref": "#/$defs/names",
-                           "description": f"cached routes ({', '.join(CACHED_ROUTES)}) or "
-                                          "globs that match one"},
+                           "description": "cached routes as rules see them (e.g. "
+                                          "/v1/embeddings, /v2/models/{name}/infer) or globs "
+                                          "that match one"},
                 "models": {"$ref": "#/$defs/names",
                            "description": "served model names (aliases are resolved before "
                                           "rules match) or globs that match one"},

@@ -64,7 +64,8 @@ class PolicyStore:
         poll_interval_s: float = 1.0,
         models: KnownModels | None = None,
     ) -> None:
-        self._models = models  # served models: a rule naming another is refused (None: unchecked)
+        self.known_models = models
+        """What rules may name (routes, served models): others are refused (None: unchecked)."""
         self._paths = tuple(Path(p) for p in paths)
         self._shadow_paths = tuple(Path(p) for p in shadow_paths or ())
         self._observer: Observer = observer or NullObserver()
@@ -86,7 +87,7 @@ class PolicyStore:
         return self._shadow
 
     def _load(self) -> tuple[Policy, Policy | None]:
-        models = self._models
+        models = self.known_models
         active = load_policy(self._paths, models=models) if self._paths else default_policy()
         shadow = load_policy(self._shadow_paths, models=models) if self._shadow_paths else None
         return active, shadow

@@ -1,7 +1,8 @@
 """What a rule's ``match`` can name, and the conditions in it that no request can ever meet.
 
 The gateway decides a policy for each request to one of its cached routes, named by the route
-pattern (``CACHED_ROUTES``: an OIP call to ``/v2/models/minilm/infer`` is matched as
+pattern (``KnownModels.routes``, which the gateway fills from its route registry,
+gateway/adapters/registry.py: an OIP call to ``/v2/models/minilm/infer`` is matched as
 ``/v2/models/{name}/infer``); for the model after alias resolution (a rule names ``minilm``, never
 the alias ``all-MiniLM-L6-v2``); and on the request headers, lowercased, except those the gateway
 keeps out of policies (``HIDDEN_HEADERS``: credentials and body framing; tenants are matched with
@@ -19,10 +20,6 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-CACHED_ROUTES: tuple[str, ...] = (
-    "/v1/embeddings", "/v1/classify", "/v1/rank", "/v2/models/{name}/infer",
-)
-"""The routes whose requests a policy decides, spelt as rules (and the cache key) see them."""
 HIDDEN_HEADERS: frozenset[str] = frozenset(
     {"authorization", "cookie", "content-length", "content-type"}
 )
@@ -37,12 +34,16 @@ Problem = tuple[tuple[str | int, ...], bool, str]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KnownModels:
-    """The model names rules may use (as the gateway serves them) and the aliases it resolves."""
+    """What rules may name: the cached routes (as rules see them: the gateway's route registry),
+    the model names (as the gateway serves them) and the aliases it resolves."""
 
+    routes: tuple[str, ...]
     names: tuple[str, ...]
     aliases: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not self.routes or not all(self.routes):
+            raise ValueError("routes: at least one cached route is required")
         if not self.names or not all(self.names):
             raise ValueError("models: at least one non-empty model name is required")
 
@@ -67,18 +68,18 @@ def _names(value: str | Sequence[str]) -> list[tuple[tuple[str | int, ...], str]
     return [((i,), v) for i, v in enumerate(value)]
 
 
-def _route_problem(route: str) -> str | None:
-    listed = ", ".join(CACHED_ROUTES)
+def _route_problem(route: str, routes: Sequence[str]) -> str | None:
+    listed = ", ".join(routes)
     if is_glob(route):
-        if any(fnmatchcase(r, route) for r in CACHED_ROUTES):
+        if any(fnmatchcase(r, route) for r in routes):
             return None
         return f"{route!r} matches none of the cached routes ({listed})"
-    if route in CACHED_ROUTES:
+    if route in routes:
         return None
     if OIP_INFER.match(route):
         return (f"unknown route {route!r}: rules see every OIP inference call as "
                 "'/v2/models/{name}/infer'; narrow it to a model with 'models:'")
-    return f"unknown route {route!r}{_suggest(route, CACHED_ROUTES)}; the cached routes: {listed}"
+    return f"unknown route {route!r}{_suggest(route, routes)}; the cached routes: {listed}"
 
 
 def _model_problem(model: str, known: KnownModels) -> str | None:
@@ -126,14 +127,15 @@ def _header_problems(headers: Mapping[str, Any]) -> list[Problem]:
 def match_problems(match: Mapping[str, Any], models: KnownModels | None) -> list[Problem]:
     """What in a (schema-valid) ``match`` mapping no request can satisfy.
 
-    ``models=None`` leaves model names unchecked (the served set is not known here).
+    ``models=None`` leaves routes and model names unchecked (what the gateway serves is not
+    known here).
     """
     problems: list[Problem] = []
-    for sub, route in _names(match.get("routes") or ()):
-        message = _route_problem(route)
-        if message:
-            problems.append((("routes", *sub), False, message))
     if models is not None:
+        for sub, route in _names(match.get("routes") or ()):
+            message = _route_problem(route, models.routes)
+            if message:
+                problems.append((("routes", *sub), False, message))
         for sub, model in _names(match.get("models") or ()):
             message = _model_problem(model, models)
             if message:

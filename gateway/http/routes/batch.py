@@ -18,8 +18,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from redis.exceptions import RedisError
 
 from gateway.adapters.fields import check_keys, require_str
+from gateway.adapters.registry import BATCH_PATHS
 from gateway.batch.errors import BatchUnavailable
-from gateway.batch.jsonl import ENDPOINTS
 from gateway.errors import (
     MalformedRequest,
     PayloadTooLarge,
@@ -104,8 +104,8 @@ def add(app: web.Application, service_of: ServiceOf) -> None:
                           "output_expires_after"})
         file_id = require_str(body, "input_file_id")
         endpoint = require_str(body, "endpoint")
-        if endpoint not in ENDPOINTS:
-            raise ValidationFailed("endpoint", f"must be one of {', '.join(ENDPOINTS)} "
+        if endpoint not in BATCH_PATHS:
+            raise ValidationFailed("endpoint", f"must be one of {', '.join(BATCH_PATHS)} "
                                                f"(got {endpoint!r})")
         window = require_str(body, "completion_window")
         m = _WINDOW.match(window)

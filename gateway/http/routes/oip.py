@@ -1,34 +1,15 @@
-"""Open Inference Protocol v2 routes: ``infer`` (cached, through the one pipeline) and
-metadata/health passthrough."""
+"""Open Inference Protocol v2 routes besides ``infer`` (a cached route: gateway/http/routes/
+cached.py): model metadata passed through, the gateway's own health."""
 
 from __future__ import annotations
 
 import orjson
 from aiohttp import web
 
-from gateway.adapters.oip import parse_oip
 from gateway.errors import BadGateway, ModelNotFound
 from gateway.http import app_state as state
 from gateway.http.middleware import request_id_of
-from gateway.http.serve import resolver, serve
-
-
-def _served_model(request: web.Request) -> str:
-    """The backend model of the path; a version in the path must be the one served (else 404):
-    answers of one version never stand in for another's."""
-    model = resolver(request)(request.match_info["name"])
-    version = request.match_info.get("version")
-    if version is not None:
-        served = request.app[state.ROUTER].model_version(model)
-        if served is None or version != served:
-            raise ModelNotFound(f"version {version!r} of model {model!r} is not served here"
-                                + (f" (serving version {served!r})" if served else ""))
-    return model
-
-
-async def infer(request: web.Request) -> web.Response:
-    return await serve(request, "/v2/models/{name}/infer",
-                       lambda data: parse_oip(data, _served_model(request)))
+from gateway.http.serve import resolver
 
 
 async def model_metadata(request: web.Request) -> web.Response:

@@ -21,14 +21,13 @@ from tests.openapi_support import (
     documented,
     errors_of,
     fill_path,
-    load,
     metaschema_errors,
     request_examples,
     response_pointer,
     route_table,
 )
 
-DOC = load(openapi.DOCUMENT)
+DOC = openapi.document()
 TOKEN = "openapi-test-admin-token"
 PATH_VALUES = {"name": "minilm", "version": "1"}
 ERROR = "/components/schemas/Error"

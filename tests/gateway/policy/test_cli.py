@@ -105,14 +105,15 @@ def test_explain_v2_infer_reads_bytes_inputs_and_model_from_the_route() -> None:
                         "data": ["hi", "ssn 123-45-6789"]}]}
     result = explain([], route="/v2/models/minilm/infer", body=json.dumps(body).encode())
     assert result["model"] == "minilm"
-    assert result["fields"]["inputs[0].data"]["not_stored"] == [1]
+    # The field as the gateway's OIP adapter names it (explain parses with the route's adapter).
+    assert result["fields"]["inputs"]["not_stored"] == [1]
 
 
 def test_explain_raises_for_a_rejected_request() -> None:
     body = b'{"model": "minilm", "input": "card 4111 1111 1111 1111"}'
     with pytest.raises(PolicyRejected) as info:
         explain([STRICT], route="/v1/rank", body=b'{"model":"m","query":"4111 1111 1111 1111",'
-                 b'"documents":[]}')
+                 b'"documents":["a document"]}')
     assert info.value.detector == "card"
     with pytest.raises(PolicyRejected):
         explain([STRICT], route="/v1/embeddings", body=body)
@@ -126,12 +127,14 @@ def test_explain_bad_requests() -> None:
     with pytest.raises(RequestError, match="route"):
         texts_of("/v1/unknown", {})
     with pytest.raises(RequestError, match="documents"):
-        texts_of("/v1/rank", {"query": "q", "documents": "not a list"})
+        texts_of("/v1/rank", {"model": "minilm", "query": "q", "documents": "not a list"})
+    with pytest.raises(RequestError, match="labels"):  # what the gateway would answer 422 to
+        texts_of("/v1/classify", {"model": "minilm", "input": "x"})
 
 
 def test_explain_command_prints_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     body = tmp_path / "req.json"
-    body.write_text('{"model": "minilm", "input": "hello"}')
+    body.write_text('{"model": "minilm", "input": "hello", "labels": ["a", "b"]}')
     status = run(["policy", "explain", "--policy", str(STRICT), "--tenant", "acme",
                   "--route", "/v1/classify", "--body", str(body), "--header", "X-Env: prod"])
     assert status == 0

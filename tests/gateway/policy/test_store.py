@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.adapters.registry import CACHED_PATHS
 from gateway.errors import PolicyRejected
 from gateway.policy import PolicyError, default_policy, evaluate
 from gateway.policy.store import PolicyStore, differences
@@ -188,7 +189,7 @@ def test_the_shipped_policies_folder_starts_the_store_with_the_default(
 ) -> None:
     # `--policies policies/`: only default.yaml is read; examples/ is a subfolder.
     store = PolicyStore([REPO / "policies"], observer=MetricsObserver(metrics),
-                        models=KnownModels(names=("minilm",)))
+                        models=KnownModels(routes=CACHED_PATHS, names=("minilm",)))
     assert store.active.rules == default_policy().rules
     assert store.active.sources == (str(REPO / "policies" / "default.yaml"),)
 
@@ -199,7 +200,7 @@ async def test_a_reload_with_a_rule_that_can_never_match_is_refused(
     path = tmp_path / "p.yaml"
     path.write_text("rules:\n  - name: e\n    match: {routes: /v1/embeddings, models: minilm}\n")
     store = PolicyStore([path], observer=MetricsObserver(metrics),
-                        models=KnownModels(names=("minilm",)))
+                        models=KnownModels(routes=CACHED_PATHS, names=("minilm",)))
     good = store.active
     for text in ("rules:\n  - name: e\n    match: {routes: [/v1/embedings]}\n",
                  "rules:\n  - name: e\n    match: {models: [minilm-v2]}\n"):

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from gateway.adapters.registry import CACHED_PATHS
 from gateway.policy import PolicyError, load_policy
-from gateway.policy.targets import CACHED_ROUTES, KnownModels
+from gateway.policy.targets import KnownModels
 
-MODELS = KnownModels(names=("minilm",), aliases={"all-MiniLM-L6-v2": "minilm"})
+MODELS = KnownModels(routes=CACHED_PATHS, names=("minilm",), aliases={"all-MiniLM-L6-v2": "minilm"})
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -59,7 +60,7 @@ def test_route_globs_must_match_a_cached_route_and_oip_paths_are_patterns(tmp_pa
 
 
 def test_every_cached_route_and_useful_globs_load(tmp_path: Path) -> None:
-    routes = ", ".join(f'"{r}"' for r in CACHED_ROUTES)
+    routes = ", ".join(f'"{r}"' for r in CACHED_PATHS)
     path = write(tmp_path, f"""
         rules:
           - name: exact
@@ -90,9 +91,10 @@ def test_unknown_models_aliases_and_empty_globs_are_refused(tmp_path: Path) -> N
 def test_models_are_unchecked_when_the_served_set_is_not_given(tmp_path: Path) -> None:
     path = write(tmp_path, "rules:\n  - name: a\n    match: {models: [bge-small]}\n")
     assert load_policy([path]).rules[0].match.models == ("bge-small",)
-    assert errors(path, KnownModels(names=("minilm",))) == [
+    assert errors(path, KnownModels(routes=CACHED_PATHS, names=("minilm",))) == [
         f"{path}:3: rules[0].match.models[0]: unknown model 'bge-small'; known models: minilm"]
-    assert load_policy([path], models=KnownModels(names=("minilm", "bge-small"))).rules
+    both = KnownModels(routes=CACHED_PATHS, names=("minilm", "bge-small"))
+    assert load_policy([path], models=both).rules
 
 
 def test_header_syntax_that_can_never_match(tmp_path: Path) -> None:
@@ -157,7 +159,7 @@ def test_cached_routes_are_the_routes_the_gateway_decides_policies_for() -> None
     app = create_app(load_settings(None, {"backends": ["http://127.0.0.1:9"]}, environ={}),
                      registry=CollectorRegistry())
     registered = {r.canonical for r in app.router.resources()}
-    assert set(CACHED_ROUTES) <= registered
+    assert set(CACHED_PATHS) <= registered
 
 
 def test_the_readme_policy_example_loads_with_the_gateway_models(tmp_path: Path) -> None:

@@ -16,9 +16,9 @@ from gateway.http.routes import openapi
 from gateway.tenants.directory import key_digest
 from tests.conftest import RedisServer
 from tests.gateway.conftest import GatewayFactory, metric_value
-from tests.openapi_support import errors_of, load
+from tests.openapi_support import errors_of
 
-DOC = load(openapi.DOCUMENT)
+DOC = openapi.document()
 
 ADMIN = "quota-admin-token"
 ACME, BETA = "acme-quota-key-0001", "beta-quota-key-0001"
