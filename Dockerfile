@@ -13,6 +13,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY backend ./backend
+COPY oip ./oip
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install --upgrade pip \
  && /opt/venv/bin/pip install ".${EXTRAS:+[$EXTRAS]}"

@@ -37,6 +37,7 @@ from backend.model import EmbeddingModel, load_models
 from backend.rpc.server import grpc_server
 from backend.server import MAX_FIELD_SIZE, MAX_LINE_SIZE
 from backend.settings import ServeSettings
+from oip.openapi import handler as serve_document
 
 SETTINGS = web.AppKey("settings", ServeSettings)
 
@@ -111,4 +112,4 @@ def _add_routes(app: web.Application) -> None:
         app.router.add_post(prefix + "/infer", handlers.infer)
     app.router.add_post("/v1/embeddings", handlers.embeddings)
     app.router.add_get("/metrics", handlers.metrics)
-    app.router.add_get("/openapi.json", openapi.handler(openapi.load()))
+    app.router.add_get("/openapi.json", serve_document(openapi.load()))

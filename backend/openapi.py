@@ -9,10 +9,7 @@ that is driven by it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-
-from aiohttp import web
 
 DOCUMENT = Path(__file__).resolve().parent / "openapi.json"
 
@@ -21,12 +18,3 @@ DOCUMENT = Path(__file__).resolve().parent / "openapi.json"
 def load() -> bytes:
     """The document's bytes (read once per process)."""
     return DOCUMENT.read_bytes()
-
-
-def handler(document: bytes) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """The ``GET /openapi.json`` handler serving ``document``."""
-
-    async def openapi(request: web.Request) -> web.Response:
-        return web.Response(body=document, content_type="application/json")
-
-    return openapi

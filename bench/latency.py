@@ -334,7 +334,7 @@ async def _rest(url: str, pool: int) -> Any:
 
 @contextlib.asynccontextmanager
 async def _grpc(address: str, pool: int) -> Any:
-    from backend.rpc import inference_pb2 as pb
+    from oip import inference_pb2 as pb
 
     requests = {}
     for text in TEXTS.values():

@@ -47,6 +47,7 @@ from gateway.upstream.admission.control import Admission
 from gateway.upstream.grpc import GrpcTransport
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.transport import SchemeTransport
+from oip.openapi import handler as serve_document
 
 log = logging.getLogger("gateway")
 
@@ -122,7 +123,7 @@ def create_app(
     app.router.add_get("/healthz", probes.healthz)
     app.router.add_get("/readyz", probes.readyz)
     app.router.add_get("/metrics", probes.metrics)
-    app.router.add_get("/openapi.json", openapi.handler(openapi.load()))
+    app.router.add_get("/openapi.json", serve_document(openapi.load()))
     ops.register(app)
     batch.register(app)  # after the pipeline's lifetime: its worker needs the pipeline
     return app

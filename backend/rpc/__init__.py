@@ -1,9 +1,9 @@
 """The Open Inference Protocol over gRPC: ``inference.GRPCInferenceService``, as KServe and
 Triton define it, served in the backend's own event loop over the same data plane as REST.
 
-- ``inference.proto``: the messages of the calls served, this project's own copy
-  (wire-compatible with Triton's ``grpc_service.proto``; ``inference_pb2`` is generated from
-  it, see the file's header).
+- the messages: ``oip/inference.proto`` and its generated ``oip.inference_pb2``, the one copy
+  the backend and the gateway's client share (wire-compatible with Triton's
+  ``grpc_service.proto``; see the file's header).
 - ``tensors.py``: requests to the data plane's terms and results to responses (pure).
 - ``service.py``: the calls: errors as gRPC status codes, deadlines, metrics, timing.
 - ``server.py``: the ``grpc.aio`` server, started and stopped with the app.

@@ -22,9 +22,9 @@ import grpc.aio
 
 from backend.dataplane import DataPlane
 from backend.metrics import BackendMetrics
-from backend.rpc import inference_pb2 as pb
 from backend.rpc.service import InferenceService
 from backend.settings import ServeSettings
+from oip import inference_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"
 # Running calls get this long to finish at shutdown (REST's runner waits for its own).

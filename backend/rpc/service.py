@@ -28,8 +28,8 @@ from backend.envelope import MAX_TIMEOUT_MS, request_id, server_timing
 from backend.errors import BackendError
 from backend.logs import access_log, write_access_line
 from backend.metrics import BackendMetrics
-from backend.rpc import inference_pb2 as pb
 from backend.rpc import tensors
+from oip import inference_pb2 as pb
 
 Context = grpc.aio.ServicerContext[Any, Any]
 REQUEST_ID_KEY = "x-request-id"

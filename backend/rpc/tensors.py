@@ -19,7 +19,7 @@ import numpy.typing as npt
 from backend import oip
 from backend.errors import BadRequest
 from backend.repository import ModelConfig, TensorSpec
-from backend.rpc import inference_pb2 as pb
+from oip import inference_pb2 as pb
 
 
 def parse_infer_request(

@@ -39,8 +39,8 @@ import grpc
 import grpc.aio
 
 from gateway.upstream import grpc_wire as gw
-from gateway.upstream import oip_pb2 as pb
 from gateway.upstream.transport import ReadTimeout, Reply, Request, Transport, TransportError
+from oip import inference_pb2 as pb
 
 SCHEME = "grpc://"
 _METHODS: Mapping[str, tuple[Any, Any]] = {  # name -> (request class, response class)

@@ -36,8 +36,8 @@ import numpy as np
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.upstream import oip_pb2 as pb
 from gateway.upstream.transport import ConnectFailed, Reply, Reset, TransportError
+from oip import inference_pb2 as pb
 
 SERVICE = "/inference.GRPCInferenceService/"
 BINARY_HEADER = "Inference-Header-Content-Length"

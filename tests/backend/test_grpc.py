@@ -25,10 +25,10 @@ from tritonclient.utils import InferenceServerException
 from backend.dataplane import DataPlane
 from backend.metrics import BackendMetrics
 from backend.model import EmbeddingModel
-from backend.rpc import inference_pb2 as ours
 from backend.rpc.server import grpc_server
 from backend.settings import ServeSettings
 from bench.procs import Service, free_port
+from oip import inference_pb2 as ours
 from tests.backend.serving import metric
 
 pytestmark = pytest.mark.model

@@ -129,3 +129,25 @@ def test_the_check_catches_an_up_import_and_a_sibling_import(tmp_path: Path) -> 
     assert len(found) == 2, found
     assert any("gateway.cache.tiers imports gateway.pipeline.core (up" in f for f in found)
     assert any("gateway.policy.store imports gateway.cache.tiers (sideways" in f for f in found)
+
+
+def _top_imports(package: str) -> set[str]:
+    found = set()
+    for path in (ROOT / package).rglob("*.py"):
+        if path.name.endswith("_pb2.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_services_share_only_the_wire_package() -> None:
+    # Two services that share only the wire protocol (oip/): neither imports the other, and the
+    # shared package imports neither.
+    assert "backend" not in _top_imports("gateway")
+    assert "gateway" not in _top_imports("backend")
+    assert not {"gateway", "backend"} & _top_imports("oip")
+    assert "oip" in _top_imports("gateway") and "oip" in _top_imports("backend")

@@ -12,12 +12,10 @@ without a 4xx) and by the fuzzer that is driven by it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from gateway.adapters.registry import ROUTES, Route
 
@@ -89,12 +87,3 @@ def document() -> dict[str, Any]:
 def load() -> bytes:
     """The document's bytes (built once per process)."""
     return orjson.dumps(document())
-
-
-def handler(document: bytes) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """The ``GET /openapi.json`` handler serving ``document``."""
-
-    async def openapi(request: web.Request) -> web.Response:
-        return web.Response(body=document, content_type="application/json")
-
-    return openapi

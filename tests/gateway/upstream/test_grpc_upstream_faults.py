@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
 from gateway.settings import load_settings
-from gateway.upstream import oip_pb2 as pb
+from oip import inference_pb2 as pb
 from tests.conftest import free_port
 from tests.gateway.conftest import metric_value
 

@@ -15,7 +15,6 @@ import pytest
 from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
 from gateway.routing import BackendSpec, Router, RoutingSettings
 from gateway.upstream import grpc_wire as gw
-from gateway.upstream import oip_pb2 as pb
 from gateway.upstream.grpc import SCHEME, GrpcTransport, channel_options
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.transport import (
@@ -35,6 +34,7 @@ from gateway.upstream.wire import (
     server_timing,
     status_outcome,
 )
+from oip import inference_pb2 as pb
 
 TIMING = (("server-timing", "queue;dur=0.5, compute;dur=2.25"), ("x-request-id", "rid-1"))
 
@@ -393,7 +393,7 @@ def test_messages_have_tritons_field_numbers_and_types(name: str) -> None:
             assert reference_fields.get(field) == layout, (mine.full_name, field)
         for nested in mine.nested_types:
             pending.append((nested, reference.nested_types_by_name[nested.name]))
-    assert ours.full_name == f"edge_gateway.oip.{name}"
+    assert ours.full_name == f"edge.oip.{name}"
 
 
 def test_the_translation_round_trips_a_tritonclient_request() -> None:
