@@ -6,8 +6,10 @@ batch's tenant (same policy, PII actions, tenant scope, per-text cache and routi
 rendered by the same ``Call.render``. What comes back is the line's output or error line.
 
 A backend that sheds, times out or fails (503, 504, 502) says nothing about the line: the
-runner raises ``Retry`` and the worker tries the line again later. Any other error is the
-line's answer and goes to the error file.
+runner raises ``Retry`` and the worker tries the line again later. A line the tenant's quota
+refuses raises ``OverQuota`` (gateway/batch/quota.py: charged like an interactive call, never
+computed free). Any other error is the line's answer and goes to the error file. A line
+answered counts in the tenant's accounting like an interactive request.
 """
 
 from __future__ import annotations
@@ -22,9 +24,20 @@ import orjson
 from gateway.adapters.render import FragmentCache
 from gateway.adapters.texts import parse_classify, parse_embeddings, parse_rank
 from gateway.batch.jsonl import BadLine, error_line, parse_request, response_line
+from gateway.batch.quota import QUOTA_EXCEEDED, LineCharge, OverQuota, reason
 from gateway.context import RequestContext
-from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, ModelNotFound, Overloaded
+from gateway.errors import (
+    BadGateway,
+    DeadlineExceeded,
+    GatewayError,
+    ModelNotFound,
+    Overloaded,
+    RateLimited,
+)
+from gateway.observe import NullObserver, Observer
 from gateway.pipeline import Call, Pipeline
+from gateway.quota.accounting import usage_of
+from gateway.quota.limiter import QuotaGate
 from gateway.settings import Settings
 
 _TRANSIENT = (Overloaded, DeadlineExceeded, BadGateway)
@@ -55,9 +68,12 @@ class LineRunner:
     """Runs batch lines through the pipeline with the route adapters of the interactive path."""
 
     def __init__(self, pipeline: Pipeline, settings: Settings, *,
-                 model_width: Callable[[str], int | None], fragments: FragmentCache) -> None:
+                 model_width: Callable[[str], int | None], fragments: FragmentCache,
+                 quotas: QuotaGate | None = None, observer: Observer | None = None) -> None:
         self._pipeline = pipeline
         self._settings = settings
+        self._quotas = quotas
+        self._observer: Observer = observer or NullObserver()
         self._width = model_width
         self._fragments = fragments
         self._parsers: dict[str, Callable[[dict[str, Any]], Call]] = {
@@ -76,20 +92,32 @@ class LineRunner:
 
     async def run(self, *, batch_id: str, tenant: str, endpoint: str, index: int, number: int,
                   raw: bytes) -> LineResult:
-        """The line's answer; ``Retry`` when only a later try can give one."""
+        """The line's answer; ``Retry`` when only a later try can give one, ``OverQuota`` when
+        the tenant's quota refuses it now."""
         rid = line_id(batch_id, index)
         try:
             custom_id, body = parse_request(raw, number, endpoint)
         except BadLine as bad:
             return LineResult(False, error_line(rid, bad.custom_id, "invalid_request_line",
                                                 bad.message, number))
+        gate = self._quotas
+        quota = gate.state(tenant) if gate is not None else None
+        charge: LineCharge | None = None
         try:
             call = self._parsers[endpoint](body)
             ctx = RequestContext(
                 request_id=rid, route=endpoint, tenant=tenant,
                 deadline=time.monotonic() + self._settings.max_timeout_ms / 1000.0)
+            if gate is not None and quota is not None:  # as the HTTP handlers do
+                await quota.admit()
+                charge = LineCharge(quota, gate.settings.hit_cost)
+                ctx.charge = charge
             result = await self._pipeline.run(ctx, call)
             rendered = call.render(result)
+        except RateLimited as exc:
+            never = charge is not None and charge.never
+            raise OverQuota(exc, never=never, line=error_line(
+                rid, custom_id, QUOTA_EXCEEDED, reason(exc, never), number)) from None
         except _TRANSIENT as exc:
             raise Retry(exc) from None
         except GatewayError as exc:
@@ -97,4 +125,7 @@ class LineRunner:
                                "request_id": rid}}
             return LineResult(False, response_line(rid, custom_id, exc.status, rid,
                                                    orjson.dumps(error)))
+        self._observer.tenant_request(tenant, "ok")
+        self._observer.tenant_usage(tenant, usage_of(result.outcomes,
+                                                     ctx.timings.get("compute", 0.0)))
         return LineResult(True, response_line(rid, custom_id, 200, rid, rendered))
