@@ -52,6 +52,7 @@ _SWEEP_S = 600.0
 _FORGET_AFTER_MS = 86_400_000
 _PROMOTE_S = 1.0
 _PROMOTE_MAX = 100
+_QUOTA_PAUSE_MIN_S = 0.05
 
 
 class Worker:
@@ -260,7 +261,8 @@ class Worker:
                         break
                     if action == "defer":
                         return self._clock() + over.retry_s
-                    pause = over.retry_s  # the charge passes then: no polling meanwhile
+                    # The charge passes then: no polling meanwhile (and never a tight loop).
+                    pause = max(over.retry_s, _QUOTA_PAUSE_MIN_S)
                 await asyncio.sleep(pause)
                 current = await self._jobs.load(job.id)
                 if current is None or current.status != "in_progress":
