@@ -51,7 +51,7 @@ async def ready(request: web.Request) -> web.Response:
 async def model_metadata(request: web.Request) -> web.Response:
     served = request.app[DATAPLANE].get(request.match_info["model"],
                                         request.match_info.get("version"))
-    return json_response(oip.model_metadata(served.config))
+    return json_response(oip.model_metadata(served.config, served.model.identity))
 
 
 async def model_ready(request: web.Request) -> web.Response:

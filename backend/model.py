@@ -9,9 +9,11 @@ executor or before the event loop starts.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -32,11 +34,15 @@ class EmbeddingModel:
     """Texts to L2-normalised sentence embeddings with one model variant."""
 
     def __init__(
-        self, config: ModelConfig, tokenizer: TextTokenizer, runtime: ModelRuntime
+        self, config: ModelConfig, tokenizer: TextTokenizer, runtime: ModelRuntime,
+        *, identity: str = "",
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.runtime = runtime
+        self.identity = identity
+        """SHA-256 (hex) of the ONNX graph served: the weights' identity beside name and
+        version (reported in the model metadata's ``parameters.model_sha256``)."""
 
     @property
     def name(self) -> str:
@@ -91,5 +97,12 @@ def load_models(settings: ServeSettings) -> list[EmbeddingModel]:
             variant=settings.variant,
             max_batch_size=settings.max_batch_size,
         )
-        models.append(EmbeddingModel(config, tokenizer, runtime))
+        identity = file_sha256(config.variant_path(runtime.variant))
+        models.append(EmbeddingModel(config, tokenizer, runtime, identity=identity))
     return models
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 (hex) of a file, read in chunks (a graph is tens of MB; about 0.1 s)."""
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

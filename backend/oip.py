@@ -287,12 +287,17 @@ def encode_infer_response(
     return EncodedResponse(b"".join((head, *chunks)), len(head))
 
 
-def model_metadata(config: ModelConfig) -> dict[str, Any]:
-    """The model metadata response object."""
-    return {
+def model_metadata(config: ModelConfig, identity: str = "") -> dict[str, Any]:
+    """The model metadata response object; ``identity`` (the served graph's SHA-256) goes in
+    ``parameters.model_sha256``, so a gateway can tell different weights under one name and
+    version apart (it scopes its node cache by it)."""
+    meta: dict[str, Any] = {
         "name": config.name,
         "versions": [config.version],
         "platform": config.platform,
         "inputs": [t.to_json() for t in config.inputs],
         "outputs": [*(t.to_json() for t in config.outputs), TOKEN_COUNT_SPEC],
     }
+    if identity:
+        meta["parameters"] = {"model_sha256": identity}
+    return meta

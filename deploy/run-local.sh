@@ -73,7 +73,8 @@ PYEOF
 
 start backend "$PY" -m backend serve --models models --host 127.0.0.1 --port "$BACKEND_PORT"
 # The default workers (one per core): they share the node cache (cache.node.path, by default
-# ~/.cache/edge-gateway/node), so the Quick start's second call is a HIT whichever worker answers.
+# ~/.cache/edge-gateway/node/<deployment tag>), so the Quick start's second call is a HIT
+# whichever worker answers.
 # GATEWAY_ARGS comes last, so `GATEWAY_ARGS="--workers 1"` still overrides it.
 # shellcheck disable=SC2086  # GATEWAY_ARGS is a list of flags: split it on purpose
 start gateway "$PY" -m gateway serve --host 127.0.0.1 --port "$GATEWAY_PORT" \

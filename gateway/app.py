@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.adapters.registry import CACHED_PATHS
 from gateway.adapters.render import FragmentCache
+from gateway.cache.deployment import deployment_of
 from gateway.cache.memory import MemoryCache
 from gateway.cache.node import open_node_cache
 from gateway.cache.redis import RedisCache
@@ -108,7 +109,13 @@ def create_app(
     app[state.ROUTER] = router
     l1 = MemoryCache.from_settings(settings.cache, clock)
     l2 = RedisCache(settings.redis, observer=observer) if settings.redis.url else None
-    node = open_node_cache(settings.cache.node, observer=observer, clock=clock)
+    # Scoped to this deployment and each model's graph: another gateway sharing the directory
+    # never answers from these entries (gateway/cache/deployment.py).
+    tenants_now = tenant_store.current
+    deployment = deployment_of(settings.cache.node, keys=tenants_now.keys,
+                               configured=tenants_now.configured)
+    node = open_node_cache(settings.cache.node, deployment=deployment,
+                           model_identity=router.model_identity, observer=observer, clock=clock)
     cache = TieredCache(l1, l2, node=node, observer=observer)
     app[state.CACHE] = cache
     app[state.FRAGMENTS] = FragmentCache()

@@ -114,7 +114,7 @@ def test_repository_paths_named_exist() -> None:
     missing = []
     for doc, s in spans():
         path = s.split()[0].split(":")[0].rstrip(",.;")
-        if path.startswith(roots) and not any(c in path for c in "*{}<>$"):
-            if not (ROOT / path).exists():
-                missing.append((doc, path))
+        if (path.startswith(roots) and not any(c in path for c in "*{}<>$")
+                and not (ROOT / path).exists()):
+            missing.append((doc, path))
     assert sorted(set(missing)) == []

@@ -7,6 +7,9 @@ Keys carry ids and tenant ids only, never request text or API keys::
     {p}:file:{file_id}            HASH    file metadata (tenant, filename, purpose, bytes,
                                           lines, created_at, expires_at); EXPIRE = retention
     {p}:file:{file_id}:data       STRING  file contents (unless batch.storage_dir is set)
+    {p}:delayed                   ZSET    chunks over their tenant's quota, as
+                                          "{batch}:{start}:{count}", scored by when they go
+                                          back to the queue
     {p}:batch:{batch_id}          HASH    the batch object's fields and request counts
     {p}:batch:{batch_id}:results  HASH    line index -> "o" or "e" + the output/error JSONL line
                                           (HSETNX: the first answer for a line wins)
@@ -66,6 +69,7 @@ class Keys:
         self.prefix = f"{prefix}-batch"
         self.queue = f"{self.prefix}:queue"
         self.active = f"{self.prefix}:active"
+        self.delayed = f"{self.prefix}:delayed"
 
     def file(self, file_id: str) -> str:
         return f"{self.prefix}:file:{file_id}"

@@ -6,8 +6,10 @@ batch's tenant (same policy, PII actions, tenant scope, per-text cache and routi
 rendered by the same ``Call.render``. What comes back is the line's output or error line.
 
 A backend that sheds, times out or fails (503, 504, 502) says nothing about the line: the
-runner raises ``Retry`` and the worker tries the line again later. Any other error is the
-line's answer and goes to the error file.
+runner raises ``Retry`` and the worker tries the line again later. A line the tenant's quota
+refuses raises ``OverQuota`` (gateway/batch/quota.py: charged like an interactive call, never
+computed free). Any other error is the line's answer and goes to the error file. A line
+answered counts in the tenant's accounting like an interactive request.
 """
 
 from __future__ import annotations
@@ -21,10 +23,21 @@ import orjson
 from gateway.adapters.registry import BY_PATH, Parsing
 from gateway.adapters.render import FragmentCache
 from gateway.batch.jsonl import BadLine, error_line, parse_request, response_line
-from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, ModelNotFound, Overloaded
+from gateway.batch.quota import QUOTA_EXCEEDED, LineCharge, OverQuota, reason
+from gateway.errors import (
+    BadGateway,
+    DeadlineExceeded,
+    GatewayError,
+    ModelNotFound,
+    Overloaded,
+    RateLimited,
+)
 from gateway.pipeline import Pipeline
+from gateway.pipeline.accounting import usage_of
 from gateway.pipeline.context import RequestContext
 from gateway.settings import Settings
+from gateway.telemetry.observer import NullObserver, Observer
+from gateway.tenants.quota.limiter import QuotaGate
 
 _TRANSIENT = (Overloaded, DeadlineExceeded, BadGateway)
 
@@ -54,9 +67,12 @@ class LineRunner:
     """Runs batch lines through the pipeline with the route adapters of the interactive path."""
 
     def __init__(self, pipeline: Pipeline, settings: Settings, *,
-                 model_width: Callable[[str], int | None], fragments: FragmentCache) -> None:
+                 model_width: Callable[[str], int | None], fragments: FragmentCache,
+                 quotas: QuotaGate | None = None, observer: Observer | None = None) -> None:
         self._pipeline = pipeline
         self._settings = settings
+        self._quotas = quotas
+        self._observer: Observer = observer or NullObserver()
         self._parsing = Parsing(resolve=self._resolve, width=model_width, fragments=fragments)
 
     def _resolve(self, name: str) -> str:
@@ -68,20 +84,32 @@ class LineRunner:
 
     async def run(self, *, batch_id: str, tenant: str, endpoint: str, index: int, number: int,
                   raw: bytes) -> LineResult:
-        """The line's answer; ``Retry`` when only a later try can give one."""
+        """The line's answer; ``Retry`` when only a later try can give one, ``OverQuota`` when
+        the tenant's quota refuses it now."""
         rid = line_id(batch_id, index)
         try:
             custom_id, body = parse_request(raw, number, endpoint)
         except BadLine as bad:
             return LineResult(False, error_line(rid, bad.custom_id, "invalid_request_line",
                                                 bad.message, number))
+        gate = self._quotas
+        quota = gate.state(tenant) if gate is not None else None
+        charge: LineCharge | None = None
         try:
             call = BY_PATH[endpoint].parse(body, self._parsing)
             ctx = RequestContext(
                 request_id=rid, route=endpoint, tenant=tenant,
                 deadline=time.monotonic() + self._settings.max_timeout_ms / 1000.0)
+            if gate is not None and quota is not None:  # as the HTTP handlers do
+                await quota.admit()
+                charge = LineCharge(quota, gate.settings.hit_cost)
+                ctx.charge = charge
             result = await self._pipeline.run(ctx, call)
             rendered = call.render(result)
+        except RateLimited as exc:
+            never = charge is not None and charge.never
+            raise OverQuota(exc, never=never, line=error_line(
+                rid, custom_id, QUOTA_EXCEEDED, reason(exc, never), number)) from None
         except _TRANSIENT as exc:
             raise Retry(exc) from None
         except GatewayError as exc:
@@ -89,4 +117,7 @@ class LineRunner:
                                "request_id": rid}}
             return LineResult(False, response_line(rid, custom_id, exc.status, rid,
                                                    orjson.dumps(error)))
+        self._observer.tenant_request(tenant, "ok")
+        self._observer.tenant_usage(tenant, usage_of(result.outcomes,
+                                                     ctx.timings.get("compute", 0.0)))
         return LineResult(True, response_line(rid, custom_id, 200, rid, rendered))

@@ -2,7 +2,8 @@
 
 Each check-then-write that two gateway processes could race on runs as one script: a quota
 reservation, a tenant's batch limit, recording a line's result (exactly once, and the batch's
-move to ``finalizing`` with its finalize entry when that was the last line), and status moves.
+move to ``finalizing`` with its finalize entry when that was the last line), status moves, and
+moving chunks parked over quota back to the queue.
 """
 
 from __future__ import annotations
@@ -63,4 +64,20 @@ end
 if not allowed then return false end
 for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return status
+"""
+
+PROMOTE = """
+-- KEYS: delayed zset, queue stream.  ARGV: now, most to move
+-- Chunks parked over quota whose time has come go back to the queue: each removed and added
+-- in one step, so a chunk comes back once however many workers run this.
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, chunk in ipairs(due) do
+  redis.call('ZREM', KEYS[1], chunk)
+  local batch, start, count = string.match(chunk, '^(.+):(%d+):(%d+)$')
+  if batch then
+    redis.call('XADD', KEYS[2], '*', 'kind', 'lines', 'batch', batch, 'start', start,
+               'count', count)
+  end
+end
+return #due
 """

@@ -8,6 +8,13 @@ a dead worker and any worker takes it over with ``XAUTOCLAIM``. A line whose res
 recorded is skipped, and a result is recorded only if it is the line's first (``HSETNX``), so
 an entry run twice never duplicates a line.
 
+A line its tenant's quota refuses (gateway/batch/quota.py) either waits a moment, ends as a
+``quota_exceeded`` error line, or is deferred: once every line of the entry is answered or
+deferred, the entry is acknowledged and its chunk parked in ``{p}:delayed`` (a sorted set
+scored by when the charge can pass) in one transaction; every worker moves due chunks back to
+the stream once a second (one script: ``ZREM`` + ``XADD``, so a chunk comes back once). Its
+answered lines are skipped when it runs again.
+
 Redis errors never stop the loop: it waits (0.1 s doubling to 5 s) and carries on, and the
 entries it held are taken over (by itself or another worker) once idle.
 """
@@ -32,6 +39,8 @@ from gateway.batch.jobs import Job, JobStore
 from gateway.batch.jsonl import error_line
 from gateway.batch.keys import GROUP, Keys
 from gateway.batch.lines import LineResult, LineRunner, Retry, line_id
+from gateway.batch.quota import OverQuota, plan
+from gateway.batch.scripts import PROMOTE
 from gateway.settings.batch import BatchSettings
 from gateway.telemetry.observer import Observer
 
@@ -41,6 +50,9 @@ _BLOCK_MS = 1000
 _SAMPLE_S = 2.0
 _SWEEP_S = 600.0
 _FORGET_AFTER_MS = 86_400_000
+_PROMOTE_S = 1.0
+_PROMOTE_MAX = 100
+_QUOTA_PAUSE_MIN_S = 0.05
 
 
 class Worker:
@@ -67,6 +79,7 @@ class Worker:
         # Enough chunks in hand to keep ``concurrency`` lines busy, and one more read ahead.
         self._max_entries = -(-settings.concurrency // settings.chunk_lines) + 1
         self._running: dict[bytes, asyncio.Task[None]] = {}
+        self._promote = redis.register_script(PROMOTE)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -85,7 +98,7 @@ class Worker:
 
     async def _main(self) -> None:
         pause = 0.1
-        next_claim = next_sample = next_sweep = 0.0
+        next_claim = next_sample = next_sweep = next_promote = 0.0
         while True:
             try:
                 await self._ensure_group()
@@ -98,6 +111,10 @@ class Worker:
                         next_sweep = now + _SWEEP_S
                         await self._blobs.sweep(self._settings.retention_s)
                         await self._forget_consumers()
+                    if now >= next_promote:
+                        next_promote = now + _PROMOTE_S
+                        await self._promote(keys=[self._keys.delayed, self._keys.queue],
+                                            args=[self._clock(), _PROMOTE_MAX])
                     free = self._max_entries - len(self._running)
                     if free <= 0:
                         await asyncio.wait(list(self._running.values()), timeout=1.0,
@@ -157,14 +174,23 @@ class Worker:
         try:
             batch_id = fields.get(b"batch", b"").decode()
             kind = fields.get(b"kind")
+            later: float | None = None
+            chunk = ""
             if kind == b"finalize":
                 await self._finalizer.run(batch_id)
             elif kind == b"lines":
-                await self._lines(batch_id, int(fields[b"start"]), int(fields[b"count"]))
+                start, count = int(fields[b"start"]), int(fields[b"count"])
+                chunk = f"{batch_id}:{start}:{count}"
+                later = await self._lines(batch_id, start, count)
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.xack(self._keys.queue, GROUP, entry_id)
                 pipe.xdel(self._keys.queue, entry_id)
+                if later is not None:  # lines over quota: parked until the charge can pass
+                    pipe.zadd(self._keys.delayed, {chunk: later})
                 await pipe.execute()
+            if later is not None:
+                log.info("batch worker: lines over their tenant's quota deferred",
+                         extra={"batch": batch_id, "retry_in_s": round(later - self._clock())})
         except Busy:
             pass  # another worker finalizes it; this entry is acknowledged once that is done
         except (RedisError, OSError) as exc:
@@ -184,24 +210,28 @@ class Worker:
                 await self._redis.xclaim(self._keys.queue, GROUP, self.consumer, 0, [entry_id],
                                          justid=True)
 
-    async def _lines(self, batch_id: str, start: int, count: int) -> None:
+    async def _lines(self, batch_id: str, start: int, count: int) -> float | None:
+        """Run the chunk's unanswered lines; when some were deferred (over quota), the
+        earliest time (wall clock) the chunk should run again."""
         job = await self._jobs.load(batch_id)
         if job is None or job.status != "in_progress":
-            return  # finished, cancelled or gone: nothing left to run
+            return None  # finished, cancelled or gone: nothing left to run
         if self._clock() > job.expires_at:
             await self._jobs.expire(batch_id)
-            return
+            return None
         indexes = list(range(start, start + count))
         answered = await self._jobs.answered(batch_id, indexes)
         todo = [i for i, done in zip(indexes, answered, strict=True) if not done]
         try:
             async with asyncio.TaskGroup() as group:
-                for index in todo:
-                    group.create_task(self._line(job, index))
+                tasks = [group.create_task(self._line(job, index)) for index in todo]
         except ExceptionGroup as failed:
             raise failed.exceptions[0] from None
+        later = [when for t in tasks if (when := t.result()) is not None]
+        return min(later) if later else None
 
-    async def _line(self, job: Job, index: int) -> None:
+    async def _line(self, job: Job, index: int) -> float | None:
+        """Answer one line; or the time to try it again when its tenant's quota defers it."""
         lines = await self._inputs.lines(job.input_file_id)
         if lines is None or index >= len(lines):
             result = LineResult(False, error_line(
@@ -219,16 +249,30 @@ class Worker:
                     break
                 except Retry:
                     self._observer.batch_lines("retried", 1)
-                await asyncio.sleep(wait)
-                wait = min(wait * 2, self._settings.retry_max_s)
+                    pause = wait
+                    wait = min(wait * 2, self._settings.retry_max_s)
+                except OverQuota as over:
+                    action = plan(over, now=self._clock(), expires_at=job.expires_at,
+                                  sleep_max_s=self._settings.retry_max_s)
+                    self._observer.batch_lines(f"quota_{action}", 1)
+                    if action == "fail":
+                        self._observer.tenant_request(job.tenant, "rate_limited")
+                        result = LineResult(False, over.line)
+                        break
+                    if action == "defer":
+                        return self._clock() + over.retry_s
+                    # The charge passes then: no polling meanwhile (and never a tight loop).
+                    pause = max(over.retry_s, _QUOTA_PAUSE_MIN_S)
+                await asyncio.sleep(pause)
                 current = await self._jobs.load(job.id)
                 if current is None or current.status != "in_progress":
-                    return
+                    return None
                 if self._clock() > current.expires_at:  # retried for its whole window
                     await self._jobs.expire(job.id)
-                    return
+                    return None
         if await self._jobs.record(job.id, index, result.ok, result.line) == 1:
             self._observer.batch_lines("completed" if result.ok else "failed", 1)
+        return None
 
     async def _sample(self) -> None:
         counts, remaining = await self._jobs.overview()

@@ -33,13 +33,15 @@ from typing import Any
 import lmdb
 
 from gateway.cache.base import CacheUnavailable
+from gateway.cache.deployment import Deployment
 from gateway.cache.entry import CacheCorrupt, Entry
-from gateway.cache.keys import CacheKey, scope_tag
+from gateway.cache.keys import CacheKey
 from gateway.cache.nodestore import (
     GenerationStore,
     KeyBytes,
     WriteResult,
     encode_key,
+    node_tag,
     pack,
     unpack_deadline,
 )
@@ -54,20 +56,31 @@ READER_CHECK_S = 30.0
 MAX_QUEUED = 65_536
 
 
-def open_node_cache(settings: NodeCacheSettings, *, observer: Observer | None = None,
+def open_node_cache(settings: NodeCacheSettings, *, deployment: Deployment | None = None,
+                    model_identity: Callable[[str], str] | None = None,
+                    observer: Observer | None = None,
                     clock: Callable[[], float] = time.time) -> NodeCache | None:
-    """The node tier as ``settings`` ask, or ``None`` when it is off or cannot be opened (a
+    """The node tier as ``settings`` ask, scoped to ``deployment`` and each model's identity
+    (gateway/cache/deployment.py), or ``None`` when it is off or cannot be opened (a
     directory that cannot be created or written, or files that are not LMDB's): the gateway
     then serves with its other tiers and says why once, at start-up."""
     if not settings.enabled:
         return None
+    path = settings.directory(deployment.tag if deployment is not None else "default")
     try:
-        return NodeCache(settings, observer=observer, clock=clock)
+        cache = NodeCache(settings, path=path, observer=observer, clock=clock,
+                          namespace=deployment.namespace if deployment is not None else "",
+                          model_identity=model_identity)
     except (lmdb.Error, OSError) as exc:
         log.warning("node cache disabled: cannot open %s (%s: %s); set cache.node.path to a "
                     "writable directory, or remove it if its files are damaged",
-                    settings.path, type(exc).__name__, exc)
+                    path, type(exc).__name__, exc)
         return None
+    if deployment is not None:
+        log.info("node cache at %s, scoped to deployment %s (from %s)", path, deployment.tag,
+                 "cache.node.deployment" if deployment.source == "settings"
+                 else "the tenants file")
+    return cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +100,19 @@ class NodeCache:
 
     name = "node"
 
-    def __init__(self, settings: NodeCacheSettings, *, observer: Observer | None = None,
+    def __init__(self, settings: NodeCacheSettings, *, path: str | None = None,
+                 namespace: str = "", model_identity: Callable[[str], str] | None = None,
+                 observer: Observer | None = None,
                  clock: Callable[[], float] = time.time) -> None:
+        """``path``: the directory (default: ``settings.directory("default")``);
+        ``namespace`` and ``model_identity`` scope the keys (``nodestore.encode_key``)."""
         self.settings = settings
         self.clock = clock
+        self.path = path if path is not None else settings.directory("default")
+        self._namespace = namespace
+        self._identity = model_identity
         self._observer: Observer = observer or NullObserver()
-        self._store = GenerationStore(settings.path, settings.max_bytes)
+        self._store = GenerationStore(self.path, settings.max_bytes)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-cache-writer")
         self._lock = threading.Lock()  # guards the queue between the loop and the writer
         self._queue: list[_Job] = []
@@ -115,7 +135,7 @@ class NodeCache:
         if self._closed:
             return [None] * len(keys), False
         try:
-            values, old = self._store.read([encode_key(k) for k in keys])
+            values, old = self._store.read(self._encode(keys))
         except lmdb.Error as exc:
             log.warning("node cache read failed: %s", type(exc).__name__)
             self._observer.cache_errors("node", len(keys))
@@ -142,6 +162,19 @@ class NodeCache:
     async def get_many(self, keys: Sequence[CacheKey]) -> list[Entry | None]:
         return self.lookup(keys)[0]
 
+    def _encode(self, keys: Sequence[CacheKey]) -> list[KeyBytes | None]:
+        """The LMDB keys, in this deployment's namespace and each model's identity."""
+        if self._identity is None:
+            return [encode_key(k, self._namespace) for k in keys]
+        identities: dict[str, str] = {}
+        out: list[KeyBytes | None] = []
+        for k in keys:
+            found = identities.get(k.model)
+            if found is None:
+                found = identities[k.model] = self._identity(k.model)
+            out.append(encode_key(k, self._namespace, found))
+        return out
+
     # -- writes (the writer thread) ------------------------------------------------------------
 
     async def store(self, items: Sequence[tuple[CacheKey, Entry]]) -> int:
@@ -149,8 +182,8 @@ class NodeCache:
         now = self.clock()
         cap = now + self.settings.ttl_s
         puts: list[tuple[KeyBytes, bytes]] = []
-        for key, entry in items:
-            raw = encode_key(key)
+        raws = self._encode([key for key, _ in items])
+        for (_key, entry), raw in zip(items, raws, strict=True):
             deadline = min(entry.expires_at, cap)
             if raw is not None and deadline > now:
                 puts.append((raw, pack(deadline, entry.encode())))
@@ -163,7 +196,7 @@ class NodeCache:
         await self.store(items)
 
     async def delete_many(self, keys: Sequence[CacheKey]) -> int:
-        raws = [raw for raw in map(encode_key, keys) if raw is not None]
+        raws = [raw for raw in self._encode(keys) if raw is not None]
         if not raws:
             return 0
         result = await self._run("delete", raws, len(raws))
@@ -172,7 +205,7 @@ class NodeCache:
     async def purge(self, *, model: str | None = None, scope: str | None = None) -> int:
         """Remove every entry of ``model`` and/or ``scope``; raises ``CacheUnavailable`` when
         it could not be done (an admin must never believe a purge happened when it did not)."""
-        tag = None if scope is None else scope_tag(scope)
+        tag = None if scope is None else node_tag(self._namespace, scope)
         try:
             fut = self._enqueue("purge", (model, tag), 0)
             removed, used = await asyncio.wrap_future(fut)

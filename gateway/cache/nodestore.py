@@ -12,10 +12,16 @@ transaction empties the previous generation (its entries count as evictions) and
 current, so the swap is atomic for every process. A hit in the previous generation is moved
 into the current one (``promote``), so what is still read survives the next rotation.
 
-A key reads ``{model}:{scope_tag}:`` + the 16-byte digest: the model and the scope tag in clear
-so purges can find them, tenant ids never (``gateway.cache.keys.scope_tag``). A value is the entry's
-deadline (f64, little-endian: the earlier of the entry's ``expires_at`` and the tier's own TTL)
-followed by ``Entry.encode()`` bytes, which check themselves.
+A key reads ``{model}:{tag}:`` + a 16-byte digest: the model and the scope's tag in clear so
+purges can find them, tenant ids never. Entries are scoped by the deployment that wrote them
+(``gateway/cache/deployment.py``): the tag hashes the deployment's ``namespace`` with the scope
+(``node_tag``; ``gateway.cache.keys.scope_tag`` without one), and the digest is the cache key's,
+rehashed with the model's identity (the served graph's SHA-256) when its backends report one.
+Two gateways sharing a directory with another tenants file, deployment name or model graph
+thus never read each other's entries, while identically configured ones share them.
+
+A value is the entry's deadline (f64, little-endian: the earlier of the entry's ``expires_at``
+and the tier's own TTL) followed by ``Entry.encode()`` bytes, which check themselves.
 
 Nothing here is async or thread-aware: ``node.py`` reads on the event loop and writes on one
 writer thread. How the environment is opened (once per process, commits without fsync, a
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import lmdb
+import xxhash
 
 from gateway.cache.keys import CacheKey, scope_tag
 from gateway.cache.lmdbenv import close_env, open_env
@@ -45,14 +52,26 @@ MIN_MAP_BYTES = 1024 * 1024
 KeyBytes = bytes
 
 
+def node_tag(namespace: str, scope: str) -> str:
+    """The scope's tag in this deployment's keys: 16 hex characters, like ``scope_tag``."""
+    if not namespace:
+        return scope_tag(scope)
+    return xxhash.xxh3_64_hexdigest(f"{namespace}\0{scope}".encode())
+
+
 @lru_cache(maxsize=4096)
-def _prefix(model: str, scope: str) -> bytes:
-    return f"{model}:{scope_tag(scope)}:".encode()
+def _prefix(namespace: str, model: str, scope: str) -> bytes:
+    return f"{model}:{node_tag(namespace, scope)}:".encode()
 
 
-def encode_key(key: CacheKey) -> KeyBytes | None:
-    """The LMDB key of a cache key; ``None`` if it would pass LMDB's key size limit."""
-    raw = _prefix(key.model, key.scope) + key.digest
+def encode_key(key: CacheKey, namespace: str = "", model_identity: str = "") -> KeyBytes | None:
+    """The LMDB key of a cache key in ``namespace`` (the deployment's), for a model whose
+    served graph is ``model_identity`` ("" unknown); ``None`` if it would pass LMDB's key size
+    limit."""
+    digest = key.digest
+    if model_identity:
+        digest = xxhash.xxh3_128_digest(model_identity.encode() + b"\0" + digest)
+    raw = _prefix(namespace, key.model, key.scope) + digest
     return raw if len(raw) <= _MAX_KEY else None
 
 

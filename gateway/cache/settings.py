@@ -28,7 +28,8 @@ _PREFIX_FORBIDDEN = set("*?[]\\ \t\r\n")
 
 
 def default_node_path() -> str:
-    """``$XDG_CACHE_HOME/edge-gateway/node``, else ``~/.cache/edge-gateway/node``."""
+    """``$XDG_CACHE_HOME/edge-gateway/node``, else ``~/.cache/edge-gateway/node``: the root of
+    the default directories, one per deployment below it."""
     base = os.environ.get("XDG_CACHE_HOME", "")
     root = Path(base) if base and os.path.isabs(base) else Path.home() / ".cache"
     return str(root / "edge-gateway" / "node")
@@ -42,19 +43,32 @@ class NodeCacheSettings:
     enabled: bool = True
     """Share one cache between this host's workers and keep it across restarts. Off: each
     worker has only its in-process cache (and Redis, when set)."""
-    path: str = field(default_factory=default_node_path)
-    """Directory of the LMDB files, created if missing; ``$XDG_CACHE_HOME/edge-gateway/node``
-    or ``~/.cache/edge-gateway/node`` by default. Every worker and every restart pointing at
-    it shares its entries."""
+    path: str | None = None
+    """Directory of the LMDB files, created if missing. Unset: one per deployment,
+    ``$XDG_CACHE_HOME/edge-gateway/node/<deployment tag>`` (``~/.cache`` without it). Every
+    worker and every restart of this deployment pointing at it shares its entries; another
+    deployment pointed at it never reads them (gateway/cache/deployment.py)."""
+    deployment: str | None = None
+    """This deployment's name: node entries are scoped by it (and by each model's identity).
+    Unset: derived from the tenants file's API-key-to-tenant mapping at start-up, so it changes
+    (entries start cold) when keys are added or moved; set it to keep them. Gateways sharing a
+    name and a directory share entries: give each deployment its own."""
     max_bytes: int = 512 * MiB
     """Largest size of the data file (the memory map): entries fill a bit under half of it in
     each of two rotating generations; the rest is LMDB's working room."""
     ttl_s: float = 86_400.0
     """Longest any entry lives in this tier, whatever its own TTL."""
 
+    def directory(self, tag: str) -> str:
+        """The directory to open: ``path``, else the default root + the deployment's tag."""
+        return self.path if self.path is not None else str(Path(default_node_path()) / tag)
+
     def __post_init__(self) -> None:
         check.boolean("enabled", self.enabled)
-        check.label("path", self.path)
+        if self.path is not None:
+            check.label("path", self.path)
+        if self.deployment is not None:
+            check.label("deployment", self.deployment)
         check.at_least("max_bytes", self.max_bytes, MiB)
         check.positive("ttl_s", self.ttl_s)
 

@@ -92,7 +92,8 @@ async def _lifetime(app: web.Application, url: str) -> AsyncIterator[None]:
     observer = app[state.OBSERVER]
     router = app[state.ROUTER]
     runner = LineRunner(app[state.PIPELINE], settings, model_width=router.model_width,
-                        fragments=app[state.FRAGMENTS])
+                        fragments=app[state.FRAGMENTS], quotas=app[state.QUOTAS],
+                        observer=observer)
     lag = LoopLag()
     gate = Gate(app[state.ADMISSION], router, share=batch.share, concurrency=batch.concurrency,
                 observer=observer, lag=lag)

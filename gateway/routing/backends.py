@@ -35,6 +35,8 @@ class BackendState:
         samples: latency samples seen.
         health_failures: failed health checks in a row.
         model_versions: model name -> version, as the backend's metadata reports it.
+        model_identities: model name -> the served graph's identity (its SHA-256), where the
+            metadata reports one (``parameters.model_sha256``).
     """
 
     spec: BackendSpec
@@ -52,6 +54,7 @@ class BackendState:
     samples: int = 0
     health_failures: int = 0
     model_versions: dict[str, str] = field(default_factory=dict)
+    model_identities: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

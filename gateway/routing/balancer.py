@@ -69,6 +69,7 @@ class Router:
         ]
         self._tiers = [(t, members) for t, members in self._tiers if members]
         self._versions: dict[str, str | None] = {}
+        self._identities: dict[str, str] = {}
         self._widths: dict[str, int] = {}
         self._outliers = OutlierDetector([m for _, m in self._tiers], settings, clock=clock,
                                          observer=self._observer, on_eject=self._gauge)
@@ -203,16 +204,21 @@ class Router:
         if changed:
             state.healthy = healthy
             self._versions.clear()
+            self._identities.clear()
             if healthy:  # back: slow start, from the end of an ejection still running
                 state.returned_at = max(now, state.ejected_until)
         self._gauge(state, now)
         return changed
 
-    def set_model_versions(self, state: BackendState, versions: Mapping[str, str]) -> None:
-        """Record the model versions a backend's metadata reports."""
-        if state.model_versions != versions:
+    def set_model_versions(self, state: BackendState, versions: Mapping[str, str],
+                           identities: Mapping[str, str] | None = None) -> None:
+        """Record the model versions (and graph identities) a backend's metadata reports."""
+        identities = state.model_identities if identities is None else identities
+        if state.model_versions != versions or state.model_identities != identities:
             state.model_versions = dict(versions)
+            state.model_identities = dict(identities)
             self._versions.clear()
+            self._identities.clear()
 
     def model_version(self, model: str) -> str | None:
         """The version of ``model`` that the healthy backends report: most common, then highest.
@@ -231,6 +237,24 @@ class Router:
             version = max(counts, key=lambda v: (counts[v], version_sort_key(v)))
         self._versions[model] = version
         return version
+
+    def model_identity(self, model: str) -> str:
+        """The identity of the graph behind ``model_version(model)`` (its SHA-256, as the
+        backends' metadata reports it): the most common among the backends reporting that
+        version, healthy ones first; "" when none reports one. The node cache scopes its
+        entries by it, so different weights under one name and version never share them."""
+        found = self._identities.get(model)
+        if found is not None:
+            return found
+        version = self.model_version(model)
+        serving = [s for s in self._states if s.model_versions.get(model) == version]
+        reports = [s.model_identities[model] for s in serving
+                   if s.healthy and model in s.model_identities]
+        if not reports:
+            reports = [s.model_identities[model] for s in serving if model in s.model_identities]
+        identity = Counter(reports).most_common(1)[0][0] if reports else ""
+        self._identities[model] = identity
+        return identity
 
     def set_model_width(self, model: str, width: int) -> None:
         """Record a model's embedding size (from its metadata, or from an answer)."""

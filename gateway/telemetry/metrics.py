@@ -253,7 +253,9 @@ class GatewayMetrics:
         self.batch_lines = Counter(
             "gateway_batch_lines_total",
             "Batch lines by outcome: completed, failed (an error line), retried (shed or "
-            "failed by the backends, tried again later).",
+            "failed by the backends, tried again later); over the tenant's quota: "
+            "quota_sleep (waited a moment), quota_defer (parked until the charge can pass), "
+            "quota_fail (no room in the window: a quota_exceeded error line).",
             ["outcome"], registry=reg,
         )
         self.batch_deferred = Counter(

@@ -14,7 +14,8 @@ that was ready and stops being so is a failure, logged at WARNING with the reaso
 
 A healthy backend is also asked ``GET /v2/models/{name}`` for every configured model; the router
 turns the reported versions into the version the cache keys use, and ``on_version_change`` hears
-of a change the moment a check sees it.
+of a change the moment a check sees it. The graph's identity, where the metadata reports one
+(``parameters.model_sha256``), is kept beside the version: the node cache scopes entries by it.
 """
 
 from __future__ import annotations
@@ -133,14 +134,20 @@ class HealthChecker:
         if probe is _Probe.OK:
             state.health_failures = 0
             versions = dict(state.model_versions)
+            identities = dict(state.model_identities)
             for model in self._models:
                 found = await self._version(state, model)
                 if found is None:
                     versions.pop(model, None)
-                elif isinstance(found, str):
-                    versions[model] = found
+                    identities.pop(model, None)
+                elif isinstance(found, tuple):
+                    versions[model] = found[0]
+                    if found[1]:
+                        identities[model] = found[1]
+                    else:
+                        identities.pop(model, None)
             # Versions first, so the flip to healthy already carries them.
-            self._router.set_model_versions(state, versions)
+            self._router.set_model_versions(state, versions, identities)
             if self._router.set_health(state, True):
                 log.info("backend healthy", extra=self._fields(state))
             self._seen_ready.add(state)
@@ -183,8 +190,10 @@ class HealthChecker:
         except (TransportError, OSError) as exc:
             return _Probe.FLAKY, f"readiness check failed ({type(exc).__name__})"
 
-    async def _version(self, state: BackendState, model: str) -> str | _Unknown | None:
-        """The highest version the backend lists for ``model``; None if it does not serve it."""
+    async def _version(self, state: BackendState, model: str
+                       ) -> tuple[str, str] | _Unknown | None:
+        """The highest version the backend lists for ``model`` and the graph's identity
+        (``parameters.model_sha256``, "" when not reported); None if it does not serve it."""
         try:
             status, body = await self._get(f"{state.url}/v2/models/{model}")
             if status == 404:
@@ -199,4 +208,9 @@ class HealthChecker:
             return _UNKNOWN
         names = [str(v) for v in versions if isinstance(v, str | int) and not isinstance(v, bool)]
         # A backend that lists no versions still serves the model: "" is its one version.
-        return max(names, key=version_sort_key) if names else ""
+        version = max(names, key=version_sort_key) if names else ""
+        params = meta.get("parameters")
+        identity = params.get("model_sha256") if isinstance(params, dict) else None
+        if not isinstance(identity, str) or len(identity) > 128:
+            identity = ""
+        return version, identity

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import logging
 import struct
 from collections.abc import AsyncIterator
@@ -99,7 +100,11 @@ async def test_timing_is_reported_and_request_id_echoed(client: TestClient[Any, 
     assert "X-Request-Id" in (await client.get("/v2/health/live")).headers
 
 
-async def test_metadata_and_health_routes(client: TestClient[Any, Any]) -> None:
+async def test_metadata_and_health_routes(client: TestClient[Any, Any],
+                                          models: list[EmbeddingModel]) -> None:
+    # The identity of the graph actually served: the file of the variant the runtime loaded.
+    config, variant = models[0].config, models[0].runtime.variant
+    served_sha256 = hashlib.sha256(config.variant_path(variant).read_bytes()).hexdigest()
     server = await (await client.get("/v2")).json()
     assert server["name"] == "edge-backend" and isinstance(server["extensions"], list)
     assert "version" in server
@@ -113,6 +118,7 @@ async def test_metadata_and_health_routes(client: TestClient[Any, Any]) -> None:
             "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
             "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]},
                         {"name": "token_count", "datatype": "INT32", "shape": [-1]}],
+            "parameters": {"model_sha256": served_sha256},
         }
         model_ready = await client.get(path + "/ready")
         assert await model_ready.json() == {"name": "minilm", "ready": True}

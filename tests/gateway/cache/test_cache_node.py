@@ -342,9 +342,13 @@ def test_settings_name_the_bad_field(field: str, value: Any) -> None:
         NodeCacheSettings(**{field: value})
 
 
-def test_default_node_path_is_per_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_default_node_path_is_per_deployment(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_node_path() == str(tmp_path / "edge-gateway" / "node")
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/is/ignored")
-    assert default_node_path() == str(Path.home() / ".cache" / "edge-gateway" / "node")
-    assert NodeCacheSettings().path == default_node_path()
+    root = Path.home() / ".cache" / "edge-gateway" / "node"
+    assert default_node_path() == str(root)
+    assert NodeCacheSettings().path is None
+    assert NodeCacheSettings().directory("0123abcd") == str(root / "0123abcd")
+    assert NodeCacheSettings(path="/srv/node").directory("0123abcd") == "/srv/node"

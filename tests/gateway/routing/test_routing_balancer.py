@@ -239,3 +239,21 @@ def test_model_version_is_most_common_then_highest_among_healthy() -> None:
     router.set_health(b, False)
     assert router.model_version("minilm") == "9"  # nothing healthy: every report counts
     assert router.model_version("other") is None
+
+
+def test_model_identity_is_the_graph_behind_the_version_in_use() -> None:
+    router = router_for([spec(1), spec(2), spec(3)])
+    a, b, c = router.states
+    assert router.model_identity("minilm") == ""  # nothing reported: name and version only
+    router.set_model_versions(a, {"minilm": "1"}, {"minilm": "aa"})
+    router.set_model_versions(b, {"minilm": "1"})  # a backend that reports no identity
+    assert router.model_identity("minilm") == "aa"
+    router.set_model_versions(c, {"minilm": "2"}, {"minilm": "cc"})
+    router.set_model_versions(b, {"minilm": "2"}, {"minilm": "bb"})
+    assert router.model_version("minilm") == "2"
+    assert router.model_identity("minilm") in ("bb", "cc")  # the version in use, not "aa"
+    router.set_model_versions(b, {"minilm": "2"}, {"minilm": "cc"})
+    assert router.model_identity("minilm") == "cc"  # a changed report is seen at once
+    router.set_health(b, False)
+    router.set_health(c, False)
+    assert router.model_identity("minilm") == "aa"  # only healthy backends count
