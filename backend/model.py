@@ -37,6 +37,9 @@ class EmbeddingModel:
         self.config = config
         self.tokenizer = tokenizer
         self.runtime = runtime
+        # Seconds load_models took for this model (tokenizer and session); None when built
+        # by hand.
+        self.load_s: float | None = None
 
     @property
     def name(self) -> str:
@@ -83,6 +86,7 @@ def load_models(settings: ServeSettings) -> list[EmbeddingModel]:
     """Every model in ``settings.models_dir`` on the configured device (blocking)."""
     models = []
     for config in load_repository(settings.models_dir):
+        started = time.perf_counter()
         tokenizer = TextTokenizer.from_file(config.tokenizer_path, max_length=config.max_seq_length)
         runtime = create_runtime(
             config,
@@ -91,5 +95,7 @@ def load_models(settings: ServeSettings) -> list[EmbeddingModel]:
             variant=settings.variant,
             max_batch_size=settings.max_batch_size,
         )
-        models.append(EmbeddingModel(config, tokenizer, runtime))
+        model = EmbeddingModel(config, tokenizer, runtime)
+        model.load_s = time.perf_counter() - started
+        models.append(model)
     return models
