@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.routing.coldstart import ColdStart
 from gateway.routing.config import BackendSpec
 
 
@@ -35,6 +36,7 @@ class BackendState:
         samples: latency samples seen.
         health_failures: failed health checks in a row.
         model_versions: model name -> version, as the backend's metadata reports it.
+        cold_start: its first answers since it last became ready (coldstart.py).
     """
 
     spec: BackendSpec
@@ -52,6 +54,7 @@ class BackendState:
     samples: int = 0
     health_failures: int = 0
     model_versions: dict[str, str] = field(default_factory=dict)
+    cold_start: ColdStart = field(default_factory=ColdStart)
 
     @property
     def name(self) -> str:
