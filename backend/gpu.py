@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import importlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,7 +173,7 @@ class GpuCollector(Collector):
 
 
 async def sample_every(monitor: GpuMonitor, collector: GpuCollector, interval_s: float,
-                       on_error: Any) -> None:
+                       on_error: Callable[[Exception, bool], None]) -> None:
     """Samples ``monitor`` into ``collector`` every ``interval_s`` seconds, in the default
     executor (NVML calls block); runs until cancelled. A failed sample removes the series
     (stale figures would look live) and is reported through ``on_error(exc, first)``, where
