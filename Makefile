@@ -9,7 +9,7 @@ BACKEND_PORT ?= 8001
 GATEWAY_PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: run test lint bench fuzz soak model venv clean
+.PHONY: run test lint bench fuzz soak model venv clean openvino
 
 venv: $(STAMP)
 
@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 model: $(MODEL)
+
+# .venv-openvino: onnxruntime-openvino replaces onnxruntime, so the OpenVINO execution provider
+# gets its own environment (docs/BACKEND.md); a no-op when it is current.
+openvino: $(STAMP)
+	$(PY) -m bench openvino_env
 
 $(MODEL): | $(STAMP)
 	$(PY) -m backend build-model minilm --out models
@@ -52,4 +57,4 @@ soak: $(STAMP) $(MODEL)
 	$(PY) -m bench soak $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) models .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-openvino models .mypy_cache .ruff_cache .pytest_cache

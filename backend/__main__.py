@@ -57,13 +57,16 @@ def _add_serve(commands: Any) -> None:
     serve.add_argument("--grpc-port", type=int,
                        help="OIP gRPC port (default: 8002 when free, else REST only with a "
                        "warning; 0: off)")
-    serve.add_argument("--device", choices=["auto", "cpu", "cuda"],
-                       help="auto: GPU when one works, else CPU (default); cuda: GPU or exit 2")
+    serve.add_argument("--device", choices=["auto", "cpu", "cuda", "openvino"],
+                       help="auto: GPU when one works, else the faster installed CPU provider "
+                       "(default); cuda: GPU or exit 2; openvino: the OpenVINO EP or exit 2")
     serve.add_argument("--threads", type=int, help="ONNX Runtime threads (default: all cores)")
     serve.add_argument("--variant", choices=["fp32", "int8", "fp16"],
                        help="graph variant (default: fp16 on GPU, fp32 on CPU)")
     serve.add_argument("--region", help="region this replica runs in")
     serve.add_argument("--zone", help="zone this replica runs in")
+    serve.add_argument("--gpu-metrics-interval-s", type=float,
+                       help="seconds between NVML samples of the GPU metrics (0: off)")
     serve.add_argument("--max-batch-size", type=int, help="override the models' max batch size")
     serve.add_argument("--max-queue-delay-ms", type=float,
                        help="override the models' max queue delay")
@@ -109,7 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
     names = ("models_dir", "host", "port", "grpc_port", "device", "threads", "variant", "region",
              "zone", "max_batch_size", "max_queue_delay_ms", "max_queue_size",
              "max_items_per_request", "max_text_bytes_per_request", "default_timeout_ms",
-             "client_max_size", "log_level")
+             "client_max_size", "log_level", "gpu_metrics_interval_s")
     overrides = {name: getattr(args, name) for name in names}
     if overrides["models_dir"] is not None:
         overrides["models_dir"] = Path(overrides["models_dir"])

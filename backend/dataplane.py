@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 import backend
 from backend.batching import BatcherClosed, DeadlineExpired, DynamicBatcher, QueueFull
+from backend.coldstart import ColdStart
 from backend.errors import (
     BackendError,
     DeadlineExceeded,
@@ -60,7 +61,8 @@ class EmbedResult:
 class ServedModel:
     """A model as served: the loaded model, its batcher, its readiness and request limits."""
 
-    def __init__(self, model: EmbeddingModel, settings: ServeSettings, metrics: BackendMetrics):
+    def __init__(self, model: EmbeddingModel, settings: ServeSettings, metrics: BackendMetrics,
+                 *, started_at: float):
         config = model.config
         self.model = model
         self.config = config
@@ -82,6 +84,9 @@ class ServedModel:
             name=config.name,
         )
         self.queue_seconds = metrics.queue_seconds.labels(config.name)
+        self.cold = ColdStart(config.name, metrics, started_at=started_at)
+        if model.load_s is not None:  # None: the caller loaded it (tests share sessions)
+            self.cold.loaded(model.load_s)
         metrics.queue_depth.labels(config.name).set_function(lambda: self.batcher.depth)
 
 
@@ -89,11 +94,16 @@ class DataPlane:
     """Everything the HTTP handlers need, for every served model."""
 
     def __init__(
-        self, models: Sequence[EmbeddingModel], settings: ServeSettings, metrics: BackendMetrics
+        self, models: Sequence[EmbeddingModel], settings: ServeSettings, metrics: BackendMetrics,
+        *, started_at: float | None = None,
     ) -> None:
+        """``started_at``: ``time.monotonic()`` when the process (or app) started, from which
+        the time to the first answer counts; default: now."""
         self.settings = settings
         self.metrics = metrics
-        self.models = {m.name: ServedModel(m, settings, metrics) for m in models}
+        started = time.monotonic() if started_at is None else started_at
+        self.models = {m.name: ServedModel(m, settings, metrics, started_at=started)
+                       for m in models}
         self._warmup: asyncio.Task[None] | None = None
         for served in self.models.values():
             runtime = served.model.runtime
@@ -132,6 +142,10 @@ class DataPlane:
             meta["zone"] = self.settings.zone
         return meta
 
+    def cold_starts(self) -> dict[str, Any]:
+        """Every model's cold-start figures (``GET /coldstart``)."""
+        return {"models": {name: served.cold.snapshot() for name, served in self.models.items()}}
+
     def get(self, name: str, version: str | None = None) -> ServedModel:
         """The served model; ``ModelNotFound`` for an unknown name or version."""
         served = self.models.get(name)
@@ -165,6 +179,7 @@ class DataPlane:
             log.error("inference failed", extra={"fields": {"model": name, "error": str(exc)}})
             raise BackendError("inference failed") from None
         served.queue_seconds.observe(outcome.queue_s)
+        served.cold.answered(outcome.queue_s + outcome.compute_s)
         results = outcome.results
         # One text (the common miss): a view of its row, no copy.
         rows = results[0][0][np.newaxis] if len(results) == 1 else np.stack([r for r, _ in results])
@@ -191,6 +206,7 @@ class DataPlane:
                 log.error("warm-up failed; model stays not ready",
                           extra={"fields": {**fields, "error": f"{type(exc).__name__}: {exc}"}})
                 continue
+            served.cold.warmed(seconds)
             served.ready = True
             self.metrics.ready.labels(served.config.name).set(1)
             log.info("model ready", extra={"fields": {**fields, "warmup_s": round(seconds, 3)}})

@@ -19,6 +19,8 @@ from backend.metrics import BackendMetrics
 
 DATAPLANE = web.AppKey("dataplane", DataPlane)
 METRICS = web.AppKey("metrics", BackendMetrics)
+# "on: GPU 0" or "off: <why>": said once in the startup log, and in /v2/health/ready.
+GPU_METRICS = web.AppKey("gpu_metrics", str)
 # Set on inference requests so the middleware can count them by model.
 MODEL_LABEL = web.RequestKey("model", str)
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -45,7 +47,9 @@ async def ready(request: web.Request) -> web.Response:
     # The spec's server-ready object shows a "live" field (copied from the live one); OIP
     # servers answer "ready". Both are here, and the status code says it for probes.
     is_ready = request.app[DATAPLANE].ready
-    return json_response({"live": True, "ready": is_ready}, status=200 if is_ready else 503)
+    gpu = request.app.get(GPU_METRICS, "off: gpu_metrics_interval_s is 0")
+    return json_response({"live": True, "ready": is_ready, "gpu_metrics": gpu},
+                         status=200 if is_ready else 503)
 
 
 async def model_metadata(request: web.Request) -> web.Response:
@@ -128,6 +132,11 @@ async def embeddings(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     body, content_type = request.app[METRICS].render()
     return web.Response(body=body, headers={hdrs.CONTENT_TYPE: content_type})
+
+
+async def cold_starts(request: web.Request) -> web.Response:
+    """``GET /coldstart``: load, warm-up, first-answer and early-answer figures per model."""
+    return json_response(request.app[DATAPLANE].cold_starts())
 
 
 async def read_body(request: web.Request) -> bytes:

@@ -20,6 +20,9 @@ LATENCY_BUCKETS = (
     2.5, 5.0, 10.0,
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Model loads take from a fraction of a second (a small graph from the page cache) to minutes
+# (TensorRT building engines).
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 class BackendMetrics:
@@ -59,6 +62,33 @@ class BackendMetrics:
         self.model_info = Gauge(
             "backend_model_info", "The model version, graph variant and execution provider.",
             ["model", "version", "variant", "provider"], registry=reg,
+        )
+
+        # Cold starts (coldstart.py). Triton's nv_model_load_duration_secs is the guide for the
+        # load histogram; the count of (re)loads is its _count, and loads_total says it plainly.
+        self.load_duration = Histogram(
+            "backend_model_load_duration_seconds",
+            "Model load time: tokenizer and ONNX Runtime session (graph optimisation included).",
+            ["model"], buckets=LOAD_BUCKETS, registry=reg,
+        )
+        self.loads = Counter(
+            "backend_model_loads_total", "Model loads (and reloads) by this process.",
+            ["model"], registry=reg,
+        )
+        self.warmup_seconds = Gauge(
+            "backend_model_warmup_seconds", "Duration of the last warm-up before ready.",
+            ["model"], registry=reg,
+        )
+        self.first_answer_seconds = Gauge(
+            "backend_model_first_answer_seconds",
+            "Time from process start to the model's first answered request.",
+            ["model"], registry=reg,
+        )
+        self.answer_seconds = Histogram(
+            "backend_model_answer_seconds",
+            "Queue + compute per answer, for the first 100 answers after ready "
+            "(window=first_100) and the 1,000 after them (window=next_1000).",
+            ["model", "window"], buckets=LATENCY_BUCKETS, registry=reg,
         )
 
     def observer(self, model: str) -> ModelBatchObserver:

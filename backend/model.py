@@ -43,6 +43,9 @@ class EmbeddingModel:
         self.identity = identity
         """SHA-256 (hex) of the ONNX graph served: the weights' identity beside name and
         version (reported in the model metadata's ``parameters.model_sha256``)."""
+        # Seconds load_models took for this model (tokenizer and session); None when built
+        # by hand.
+        self.load_s: float | None = None
 
     @property
     def name(self) -> str:
@@ -89,6 +92,7 @@ def load_models(settings: ServeSettings) -> list[EmbeddingModel]:
     """Every model in ``settings.models_dir`` on the configured device (blocking)."""
     models = []
     for config in load_repository(settings.models_dir):
+        started = time.perf_counter()
         tokenizer = TextTokenizer.from_file(config.tokenizer_path, max_length=config.max_seq_length)
         runtime = create_runtime(
             config,
@@ -98,7 +102,9 @@ def load_models(settings: ServeSettings) -> list[EmbeddingModel]:
             max_batch_size=settings.max_batch_size,
         )
         identity = file_sha256(config.variant_path(runtime.variant))
-        models.append(EmbeddingModel(config, tokenizer, runtime, identity=identity))
+        model = EmbeddingModel(config, tokenizer, runtime, identity=identity)
+        model.load_s = time.perf_counter() - started
+        models.append(model)
     return models
 
 

@@ -4,7 +4,9 @@
 graph and judges success from ``session.get_providers()`` after the session exists: the
 onnxruntime-gpu wheel lists CUDA among its *available* providers even on a machine with no GPU
 or no CUDA libraries, and then quietly runs on the CPU. On failure it falls back to the CPU with
-one log line saying why; ``--device cuda`` raises ``DeviceUnavailable`` instead.
+one log line saying why; ``--device cuda`` raises ``DeviceUnavailable`` instead. On the CPU,
+``auto`` takes the OpenVINO EP where it is installed and faster on a warm-up probe
+(``backend/openvino.py``); ``--device openvino`` requires it.
 
 Errors: ``DeviceUnavailable`` (no working GPU where one was required), ``InferenceFailed``
 (ONNX Runtime raised while running a batch). ONNX Runtime's own exceptions stop here.
@@ -24,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from backend import openvino
 from backend.repository import ModelConfig, RepositoryError
 
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
@@ -86,9 +89,9 @@ def create_runtime(
     variant: str | None = None,
     max_batch_size: int | None = None,
 ) -> ModelRuntime:
-    """The session for ``config`` on ``device`` (auto|cpu|cuda); see the module doc."""
+    """The session for ``config`` on ``device`` (auto|cpu|cuda|openvino); see the module doc."""
     ort.set_default_logger_severity(_ORT_ERROR)
-    if device != "cpu":
+    if device in ("auto", "cuda"):
         gpu_variant = variant or ("fp16" if "fp16" in config.variants else config.default_variant)
         session, reason = _try_gpu(
             config, gpu_variant, threads, max_batch_size or config.max_batch_size
@@ -107,11 +110,52 @@ def create_runtime(
         )
     else:
         cpu_variant = variant or config.default_variant
-    session = _session(config.variant_path(cpu_variant), ["CPUExecutionProvider"], threads)
+    path = config.variant_path(cpu_variant)
+    if device == "openvino":
+        session = _openvino_session(path, threads)
+    elif device == "auto" and openvino.available() is None:
+        session = _faster_cpu_session(config, path, threads)
+    else:
+        session = _session(path, ["CPUExecutionProvider"], threads)
     runtime = ModelRuntime(session, config, cpu_variant)
     log.info("model on the CPU", extra={"fields": {**_describe(config, runtime),
                                                    "threads": threads}})
     return runtime
+
+
+def _openvino_session(path: Path, threads: int) -> ort.InferenceSession:
+    """``--device openvino``: an OpenVINO session, or ``DeviceUnavailable`` saying why not."""
+    why = openvino.available()
+    if why is not None:
+        raise DeviceUnavailable(f"--device openvino: {why}")
+    try:
+        session = _session(path, openvino.providers(threads), threads)
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise DeviceUnavailable(
+            f"--device openvino: creating the session failed: {str(exc).splitlines()[0][:300]}"
+        ) from None
+    if session.get_providers()[0] != openvino.OPENVINO:
+        raise DeviceUnavailable(f"--device openvino: ONNX Runtime placed the model on "
+                                f"{session.get_providers()}")
+    return session
+
+
+def _faster_cpu_session(config: ModelConfig, path: Path, threads: int) -> ort.InferenceSession:
+    """``auto`` with OpenVINO installed: whichever of the CPU and OpenVINO EPs runs the warm-up
+    probe faster here (one log line with both times)."""
+    candidates = {"CPUExecutionProvider": _session(path, ["CPUExecutionProvider"], threads)}
+    try:
+        candidates[openvino.OPENVINO] = _openvino_session(path, threads)
+    except DeviceUnavailable as exc:
+        log.warning("OpenVINO installed but unusable; the CPU EP serves",
+                    extra={"fields": {"model": config.name, "reason": str(exc)}})
+        return candidates["CPUExecutionProvider"]
+    chosen, timings = openvino.faster(candidates, config.onnx_inputs)
+    log.info("auto: the faster CPU provider on the warm-up probe", extra={"fields": {
+        "model": config.name, "chosen": chosen, "shapes": [list(s) for s in openvino.PROBE_SHAPES],
+        "probe_ms": {name: round(seconds * 1000, 2) for name, seconds in timings.items()},
+        **openvino.describe(path)}})
+    return candidates[chosen]
 
 
 def _describe(config: ModelConfig, runtime: ModelRuntime) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-Device = Literal["auto", "cpu", "cuda"]
+Device = Literal["auto", "cpu", "cuda", "openvino"]
 Variant = Literal["fp32", "int8", "fp16"]
 ENV_PREFIX = "BACKEND_"
 DEFAULT_GRPC_PORT = 8002
@@ -43,7 +43,9 @@ class ServeSettings:
     # port is free, else REST only with a warning, so that several backends on one machine
     # (tests, benchmarks) still start; 0 = off; a port = that port, or exit 2 if it is taken.
     grpc_port: int | None = None
-    # auto: a working GPU if there is one (fp16), else the CPU; cuda: GPU or exit 2; cpu: CPU.
+    # auto: a working GPU if there is one (fp16), else the CPU (the OpenVINO EP where it is
+    # installed and faster on the warm-up probe, else ONNX Runtime's CPU EP); cuda: GPU or
+    # exit 2; cpu: the CPU EP; openvino: the OpenVINO EP (f32) or exit 2 (backend/openvino.py).
     device: Device = "auto"
     # ONNX Runtime intra-op threads per model session; None = every usable core.
     threads: int | None = None
@@ -80,11 +82,15 @@ class ServeSettings:
     # threads vs 68 ms with 1; 8 x 256 tokens 300 ms vs 540 ms), and the batcher gathers the
     # next batch while it runs. Spin-waiting is off (see runtime.py).
     workers: int = 1
+    # Seconds between NVML samples of the GPU metrics (backend/gpu.py), taken off the event
+    # loop; 0 = no GPU metrics. Only the GPUs the models run on are sampled.
+    gpu_metrics_interval_s: float = 5.0
     log_level: str = "INFO"
     access_log: bool = True
 
     def __post_init__(self) -> None:
-        _check(self.device in get_args(Device), "device", f"{self.device!r} is not auto|cpu|cuda")
+        _check(self.device in get_args(Device), "device",
+               f"{self.device!r} is not auto|cpu|cuda|openvino")
         _check(
             self.variant is None or self.variant in get_args(Variant),
             "variant", f"{self.variant!r} is not fp32|int8|fp16",
@@ -107,6 +113,7 @@ class ServeSettings:
             "max_queue_delay_ms", "must be >= 0",
         )
         _check(self.default_timeout_ms > 0, "default_timeout_ms", "must be > 0")
+        _check(self.gpu_metrics_interval_s >= 0, "gpu_metrics_interval_s", "must be >= 0")
         _check(
             self.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
             "log_level", f"{self.log_level!r} is not DEBUG|INFO|WARNING|ERROR|CRITICAL",

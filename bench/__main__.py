@@ -5,6 +5,9 @@ OpenAPI-driven fuzzer, 10,000 cases per service), ``batch`` (a 10,000-line batch
 interactive load, a few minutes) and ``soak`` (10 minutes of mixed traffic under faults) run only
 by name: they are long and not part of ``all``.
 
+``providers`` times ONNX Runtime's CPU EP against the OpenVINO EP (in ``.venv-openvino``,
+which ``openvino_env`` builds) in one run; ``--quick`` for a short run.
+
 ``resilience`` kills a near-zone model server under steady load, with and without the retry
 policy (issue 15).
 
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 
 ORDER = ("policy", "cache", "backend", "latency", "gateway", "overload", "tenants",
          "resilience")
-BY_NAME = ("fuzz", "soak", "batch", "cpu")  # long runs, never part of "all"
+BY_NAME = ("fuzz", "soak", "batch", "cpu", "providers", "openvino_env")  # long, never in "all"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

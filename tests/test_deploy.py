@@ -118,12 +118,18 @@ def backend_routes() -> set[str]:
 
 def exported_metrics() -> set[str]:
     """Every sample name the gateway and the backend export (plus Prometheus' own ``up``)."""
+    from backend.gpu import GpuCollector, GpuSample
     from backend.metrics import BackendMetrics
     from gateway.telemetry.metrics import GatewayMetrics
 
     names = {"up"}
+    # The GPU series exist only once NVML has been sampled on a GPU: one sample shows them.
+    gpu = GpuCollector()
+    gpu.update([GpuSample("0", "GPU-x", 0.5, 1, 2, 100.0, 700.0)])
+    gpu_registry = CollectorRegistry()
+    gpu_registry.register(gpu)
     for registry in (GatewayMetrics(CollectorRegistry()).registry,
-                     BackendMetrics(CollectorRegistry()).registry):
+                     BackendMetrics(CollectorRegistry()).registry, gpu_registry):
         for family in registry.collect():
             suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
                         "info": ("_info",)}.get(family.type, ("",))

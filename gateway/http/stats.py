@@ -26,6 +26,12 @@ Definitions the page and the tests rely on:
   ``success_rate``), and per backend whether it is in slow start and its weight now (this
   worker's router).
 
+- cold starts: per backend (this worker's router) how often it became ready, whether its
+  first answers after that are still coming, how long after ready the first one came, and
+  the latency of those cold answers beside the steady ones
+  (``gateway_backend_answer_seconds{phase}``); at the top, the backends cold now and the
+  readies in all.
+
 - tenant usage: per tenant label (the busiest ``quotas.top_tenants`` ids, the rest ``other``)
   requests by outcome (ok, rate_limited, shed, error), texts by source (backend, cache,
   coalesced), tokens, backend compute seconds used and saved, 429s by limit, from the
@@ -41,6 +47,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -160,6 +167,10 @@ def _top(groups: Mapping[str, Mapping[str, float]], limit: int) -> tuple[dict[st
     return kept, max(0, len(ranked) - limit)
 
 
+def _phase_is(phase: str, labels: Labels) -> bool:
+    return labels.get("phase") == phase
+
+
 def _inference(labels: Labels) -> bool:
     return is_inference_route(labels.get("route", ""))
 
@@ -197,6 +208,7 @@ class Stats:
         shed = s.sum_by("gateway_shed_total", "reason")
         saved = s.sum_by("gateway_compute_saved_seconds_total", "model")
         latency = s.histograms("gateway_request_duration_seconds", "cache", _inference)
+        backends = self._backends(s)
         return {
             "time": self._clock(),
             "policy": self._policy(),
@@ -239,7 +251,11 @@ class Stats:
                 "jobs": s.sum_by("gateway_batch_jobs", "status"),
                 "finished": s.sum_by("gateway_batch_jobs_finished_total", "status"),
             },
-            "backends": self._backends(s),
+            "backends": backends,
+            "cold_starts": {
+                "backends_cold": sum(1 for b in backends if b["cold_start"]["cold"]),
+                "readies": sum(b["cold_start"]["readies"] for b in backends),
+            },
             "tenant_usage": tenant_usage(s),
             "quota_checks": _nested(s, "gateway_quota_checks_total", "source", "result"),
         }
@@ -267,6 +283,9 @@ class Stats:
         outcomes = _nested(s, "gateway_backend_requests_total", "backend", "outcome")
         ok = s.histograms("gateway_upstream_duration_seconds", "backend",
                           lambda labels: labels.get("outcome") == "ok")
+        phases = {phase: s.histograms("gateway_backend_answer_seconds", "backend",
+                                      partial(_phase_is, phase))
+                  for phase in ("cold", "steady")}
         gauge: dict[str, list[float]] = defaultdict(list)
         for labels, value in s.series("gateway_backend_healthy"):
             gauge[labels.get("backend", "")].append(value)  # one value per worker (liveall)
@@ -296,6 +315,11 @@ class Stats:
                 "errors": sum(v for k, v in calls.items() if k != "ok"),
                 "outcomes": calls,
                 "latency_s": quantiles(ok.get(name, [])),
+                "cold_start": {
+                    **state.cold_start.snapshot(now),
+                    "latency_s": {phase: quantiles(by.get(name, []))
+                                  for phase, by in phases.items()},
+                },
             })
         return out
 

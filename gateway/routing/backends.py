@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.routing.coldstart import ColdStart
 from gateway.routing.config import BackendSpec
 
 
@@ -37,6 +38,7 @@ class BackendState:
         model_versions: model name -> version, as the backend's metadata reports it.
         model_identities: model name -> the served graph's identity (its SHA-256), where the
             metadata reports one (``parameters.model_sha256``).
+        cold_start: its first answers since it last became ready (coldstart.py).
     """
 
     spec: BackendSpec
@@ -55,6 +57,7 @@ class BackendState:
     health_failures: int = 0
     model_versions: dict[str, str] = field(default_factory=dict)
     model_identities: dict[str, str] = field(default_factory=dict)
+    cold_start: ColdStart = field(default_factory=ColdStart)
 
     @property
     def name(self) -> str:

@@ -174,6 +174,8 @@ class Router:
         state.inflight = max(0, state.inflight - 1)
         if outcome == "ok":
             self._sample(state, latency_s)
+            phase = state.cold_start.answered(self._clock())
+            self._observer.backend_answer(state.name, state.spec.zone, phase, latency_s)
         elif outcome == "cancelled":
             if latency_s > state.ewma_s:
                 self._sample(state, latency_s)
@@ -207,6 +209,9 @@ class Router:
             self._identities.clear()
             if healthy:  # back: slow start, from the end of an ejection still running
                 state.returned_at = max(now, state.ejected_until)
+                state.cold_start.became_ready(now)
+                self._observer.backend_ready(state.name, state.spec.zone,
+                                             state.cold_start.readies)
         self._gauge(state, now)
         return changed
 

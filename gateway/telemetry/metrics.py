@@ -141,6 +141,20 @@ class GatewayMetrics:
             "1 while the backend is in slow start (back, its share still ramping up).",
             ["backend", "zone"], registry=reg, multiprocess_mode="liveall",
         )
+        # Cold starts (routing/coldstart.py): a backend's first answers after it became ready
+        # apart from the rest, so a restart's slow start shows and the steady state stays clean.
+        self.backend_answer = Histogram(
+            "gateway_backend_answer_seconds",
+            "Successful backend call duration by phase: cold (the first 100 answers after the "
+            "backend became ready) or steady.",
+            ["backend", "zone", "phase"], buckets=LATENCY_BUCKETS, registry=reg,
+        )
+        # Every worker sees the same health changes: the max is the gateway's count.
+        self.backend_readies = Gauge(
+            "gateway_backend_readies",
+            "Times the backend became ready (health checks passing after failing) since start.",
+            ["backend", "zone"], registry=reg, multiprocess_mode="max",
+        )
         self.ejections = Counter(
             "gateway_backend_ejections_total",
             "Outlier ejections, by backend and cause (consecutive_5xx, "

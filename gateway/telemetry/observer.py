@@ -136,6 +136,13 @@ class Observer(Protocol):
     def slow_start(self, backend: str, zone: str, active: bool) -> None:
         """Whether a backend is in slow start (back, and its share still ramping up) now."""
 
+    def backend_ready(self, backend: str, zone: str, readies: int) -> None:
+        """A backend's health checks passed after failing: its ``readies``-th cold start."""
+
+    def backend_answer(self, backend: str, zone: str, phase: str, seconds: float) -> None:
+        """A successful backend call: ``cold`` among its first answers after it became
+        ready, else ``steady`` (routing/coldstart.py)."""
+
     def cache_errors(self, tier: str, items: int) -> None:
         """Errors in one tier (down, slow, corrupt entries)."""
 
@@ -247,6 +254,12 @@ class NullObserver:
         pass
 
     def slow_start(self, backend: str, zone: str, active: bool) -> None:
+        pass
+
+    def backend_ready(self, backend: str, zone: str, readies: int) -> None:
+        pass
+
+    def backend_answer(self, backend: str, zone: str, phase: str, seconds: float) -> None:
         pass
 
     def cache_errors(self, tier: str, items: int) -> None:

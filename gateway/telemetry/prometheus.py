@@ -148,6 +148,12 @@ class MetricsObserver:
     def slow_start(self, backend: str, zone: str, active: bool) -> None:
         self.metrics.child(self.metrics.slow_start, backend, zone).set(1 if active else 0)
 
+    def backend_ready(self, backend: str, zone: str, readies: int) -> None:
+        self.metrics.child(self.metrics.backend_readies, backend, zone).set(readies)
+
+    def backend_answer(self, backend: str, zone: str, phase: str, seconds: float) -> None:
+        self.tally.observe(self.metrics.backend_answer, (backend, zone, phase), seconds)
+
     def cache_errors(self, tier: str, items: int) -> None:
         if items:
             self.tally.inc(self.metrics.cache_errors, (tier,), items)

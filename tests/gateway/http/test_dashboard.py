@@ -309,6 +309,8 @@ async def test_dashboard_in_headless_chromium(aiohttp_client: Any, backend: Back
     assert re.fullmatch(r"[0-9.]+", dom.text["req-rate"])  # a rate needs two polls: it polled
     assert "HIT" in dom.text["latency-body"] and "ms" in dom.text["latency-body"]
     assert "up" in dom.text["backend-body"]
+    # Ready when the gateway started: not a cold start (no readies, steady).
+    assert "steady" in dom.text["coldstart-body"] and "no data" not in dom.text["coldstart-body"]
     assert "public" in dom.text["tenant-body"] and "minilm" in dom.text["model-body"]
     # The embedded default: no Redis, the node tier on (its row shows its size).
     assert dom.text["redis-state"] == "off (L1 + node)"
