@@ -13,7 +13,6 @@ before making it active.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from gateway.policy.evaluate import Decision
 from gateway.policy.loader import PolicyError, default_policy, load_policy, policy_files
 from gateway.policy.model import Policy
 from gateway.policy.targets import KnownModels
+from gateway.tasks import stop_task
 from gateway.telemetry.observer import NullObserver, Observer
 
 log = logging.getLogger("gateway.policy")
@@ -141,10 +141,7 @@ class PolicyStore:
     async def stop(self) -> None:
         """Stop watching; waits for the watcher to finish."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()

@@ -23,6 +23,8 @@ from typing import BinaryIO
 
 import orjson
 
+from gateway.tasks import stop_task
+
 _LINE = (b'{"ts":"%s.%03dZ","level":"info","logger":"gateway.access","msg":"request",'
          b'"request_id":%s,"method":%s,"route":%s,"status":%d,"cache":%s,"tenant":%s,'
          b'"duration_ms":%.3f,"timing":%s}')
@@ -98,9 +100,6 @@ class AccessLog:
         self._task = asyncio.get_running_loop().create_task(run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await stop_task(task)
         self.flush()

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 from collections.abc import Hashable
 from typing import Any
+
+from gateway.tasks import stop_task
 
 
 class _Series:
@@ -95,9 +96,6 @@ class Tally:
         self._task = asyncio.get_running_loop().create_task(run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await stop_task(task)
         self.flush()

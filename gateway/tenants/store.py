@@ -12,11 +12,11 @@ lists the problems (never a key: the file holds only digests). Every lookup read
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from gateway.tasks import stop_task
 from gateway.tenants.directory import Tenants, TenantsError
 from gateway.tenants.quota.spec import TenantSpec
 from gateway.upstream.admission.fairqueue import Priority
@@ -114,10 +114,7 @@ class TenantStore:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()

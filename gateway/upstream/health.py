@@ -21,7 +21,6 @@ of a change the moment a check sees it. The graph's identity, where the metadata
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ import orjson
 from gateway.routing.backends import BackendState
 from gateway.routing.balancer import Router, version_sort_key
 from gateway.routing.config import RoutingSettings
+from gateway.tasks import stop_task
 from gateway.upstream.transport import (
     AiohttpTransport,
     ConnectFailed,
@@ -99,10 +99,7 @@ class HealthChecker:
     async def stop(self) -> None:
         """Stop polling and wait for the loop to end."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
 
     async def _run(self) -> None:
         while True:

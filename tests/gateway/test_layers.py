@@ -34,7 +34,7 @@ LAYERS: list[list[str]] = [
     ["gateway.policy", "gateway.cache", "gateway.upstream"],
     ["gateway.upstream.admission", "gateway.routing"],
     ["gateway.telemetry"],
-    ["gateway.errors", "gateway.validation"],
+    ["gateway.errors", "gateway.validation", "gateway.tasks"],
 ]
 ORDER = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
