@@ -5,14 +5,14 @@ call backends, so they live with the upstream client (gateway/upstream/health.py
 """
 
 from gateway.routing.backends import BackendState
-from gateway.routing.balancer import TIER_ORDER, Outcome, Router, Tier
+from gateway.routing.balancer import TIER_ORDER, BackendResult, Router, Tier
 from gateway.routing.config import BackendSpec, RoutingSettings
 
 __all__ = [
     "TIER_ORDER",
+    "BackendResult",
     "BackendSpec",
     "BackendState",
-    "Outcome",
     "Router",
     "RoutingSettings",
     "Tier",

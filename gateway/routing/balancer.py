@@ -22,14 +22,14 @@ from typing import Literal
 
 from gateway.routing.backends import BackendState
 from gateway.routing.config import BackendSpec, RoutingSettings
-from gateway.routing.outlier import Outcome, OutlierDetector
+from gateway.routing.outlier import BackendResult, OutlierDetector
 from gateway.routing.slowstart import slow_start_weight
 from gateway.telemetry.observer import NullObserver, Observer
 
 Tier = Literal["zone", "region", "remote"]
 TIER_ORDER: tuple[Tier, ...] = ("zone", "region", "remote")
 
-__all__ = ["TIER_ORDER", "Outcome", "Router", "Tier", "version_sort_key"]
+__all__ = ["TIER_ORDER", "BackendResult", "Router", "Tier", "version_sort_key"]
 
 
 def version_sort_key(version: str) -> tuple[int, int, str]:
@@ -164,7 +164,7 @@ class Router:
         """A call to ``state`` begins."""
         state.inflight += 1
 
-    def on_finish(self, state: BackendState, *, latency_s: float, outcome: Outcome) -> None:
+    def on_finish(self, state: BackendState, *, latency_s: float, outcome: BackendResult) -> None:
         """A call to ``state`` ended: update its EWMA and outlier counts, maybe eject it.
 
         ``cancelled`` (deadline passed or a hedge lost) only raises the EWMA when the elapsed

@@ -28,7 +28,7 @@ from gateway.routing.backends import BackendState
 from gateway.routing.config import RoutingSettings
 from gateway.telemetry.observer import Observer
 
-Outcome = Literal[
+BackendResult = Literal[
     "ok", "error", "gateway_error", "conn_error", "timeout", "overloaded", "cancelled",
 ]
 """How one call to a backend ended, for routing and for the ``outcome`` label of metrics:
@@ -90,7 +90,7 @@ class OutlierDetector:
         self._on_eject = on_eject
         self._next_check = clock() + settings.outlier_interval_s
 
-    def record(self, state: BackendState, outcome: Outcome) -> None:
+    def record(self, state: BackendState, outcome: BackendResult) -> None:
         """One finished call; runs the success-rate check when it is due."""
         if outcome == "ok":
             state.consecutive_5xx = state.consecutive_gateway_failures = 0
@@ -105,7 +105,7 @@ class OutlierDetector:
         if self._clock() >= self._next_check:
             self.check_success_rates()
 
-    def _failure(self, state: BackendState, outcome: Outcome) -> None:
+    def _failure(self, state: BackendState, outcome: BackendResult) -> None:
         settings = self._settings
         state.interval_calls += 1
         if outcome in FAILURES:

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
 from gateway.routing.backends import BackendState
-from gateway.routing.balancer import Outcome, Router
+from gateway.routing.balancer import BackendResult, Router
 from gateway.routing.config import RoutingSettings
 from gateway.routing.hedge import HedgePolicy, race
 from gateway.telemetry.observer import NullObserver, Observer
@@ -307,7 +307,7 @@ class Upstream:
         """One try at one backend; owns ``slot`` and the router's in-flight count for it."""
         self._router.on_start(state)
         start = self._clock()
-        outcome: Outcome = "cancelled"
+        outcome: BackendResult = "cancelled"
         try:
             left = send.deadline - start
             if left <= 0:

@@ -74,7 +74,7 @@ class Render:
 
 
 @dataclass(frozen=True, slots=True)
-class Call:
+class RpcCall:
     """A REST request as a gRPC call: the method's path on the wire and its message."""
 
     method: str
@@ -82,7 +82,7 @@ class Call:
     render: Render = Render()
 
 
-def to_call(method: str, path: str, body: bytes | None) -> Call | Reply:
+def to_call(method: str, path: str, body: bytes | None) -> RpcCall | Reply:
     """The call for a REST request, or the REST answer when there is no such call (404/405,
     or 400 for an infer body that is not an OIP request)."""
     parts = [unquote(p) for p in path.split("?", 1)[0].split("/")]
@@ -90,7 +90,7 @@ def to_call(method: str, path: str, body: bytes | None) -> Call | Reply:
         return _error(404, f"{path} has no gRPC equivalent")
     rest = parts[2:]
     if rest == ["health", "ready"]:
-        return Call("ServerReady", pb.ServerReadyRequest()) if method == "GET" else _405()
+        return RpcCall("ServerReady", pb.ServerReadyRequest()) if method == "GET" else _405()
     if len(rest) < 2 or rest[0] != "models" or not rest[1]:
         return _error(404, f"{path} has no gRPC equivalent")
     model, tail = rest[1], rest[2:]
@@ -100,7 +100,7 @@ def to_call(method: str, path: str, body: bytes | None) -> Call | Reply:
     if not tail:
         if method != "GET":
             return _405()
-        return Call("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version))
+        return RpcCall("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version))
     if tail != ["infer"]:
         return _error(404, f"{path} has no gRPC equivalent")
     if method != "POST":
@@ -110,7 +110,7 @@ def to_call(method: str, path: str, body: bytes | None) -> Call | Reply:
     except (orjson.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError,
             OverflowError) as exc:
         return _error(400, f"not an OIP infer request the gateway can send over gRPC: {exc}")
-    return Call("ModelInfer", message, render)
+    return RpcCall("ModelInfer", message, render)
 
 
 def infer_request(model: str, version: str, body: bytes

@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, Overloaded
-from gateway.routing.outlier import Outcome
+from gateway.routing.outlier import BackendResult
 from gateway.upstream.transport import ConnectError, ReadTimeout, Reset
 
 
@@ -196,7 +196,7 @@ def parse_embeddings(
     )
 
 
-def classify_exception(exc: BaseException, *, deadline_passed: bool) -> Outcome:
+def classify_exception(exc: BaseException, *, deadline_passed: bool) -> BackendResult:
     """How a transport failure counts for the router."""
     if deadline_passed:
         return "cancelled"  # the client's deadline, not the backend's fault
@@ -207,7 +207,7 @@ def classify_exception(exc: BaseException, *, deadline_passed: bool) -> Outcome:
     return "error"
 
 
-def exception_error(backend: str, outcome: Outcome, exc: BaseException) -> Exception:
+def exception_error(backend: str, outcome: BackendResult, exc: BaseException) -> Exception:
     """The gateway error for a transport failure (``Retryable`` when another backend may do)."""
     if outcome == "cancelled":
         return DeadlineExceeded("deadline passed while waiting for the backend")
@@ -225,7 +225,7 @@ def exception_error(backend: str, outcome: Outcome, exc: BaseException) -> Excep
 
 def status_outcome(
     status: int, headers: Mapping[str, str], body: bytes, backend: str
-) -> tuple[Outcome, Exception | None]:
+) -> tuple[BackendResult, Exception | None]:
     """How a complete HTTP answer counts for the router, and the error unless it is usable.
 
     2xx and 4xx count as "ok": the backend is alive and answering (a 4xx is the request's

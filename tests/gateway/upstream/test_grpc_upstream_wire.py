@@ -39,9 +39,9 @@ from oip import inference_pb2 as pb
 TIMING = (("server-timing", "queue;dur=0.5, compute;dur=2.25"), ("x-request-id", "rid-1"))
 
 
-def call_of(method: str, path: str, body: bytes | None = None) -> gw.Call:
+def call_of(method: str, path: str, body: bytes | None = None) -> gw.RpcCall:
     call = gw.to_call(method, path, body)
-    assert isinstance(call, gw.Call), call
+    assert isinstance(call, gw.RpcCall), call
     return call
 
 
