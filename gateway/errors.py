@@ -13,7 +13,6 @@ message that names no internal address.
     ├── BadRequest (400 invalid_json)
     ├── MalformedRequest (400 bad_request)          the HTTP message itself did not parse
     ├── Unauthorized (401 unauthorized)
-    ├── Forbidden (403 forbidden)
     ├── NotFound (404 not_found)
     │   └── ModelNotFound (404 model_not_found)
     ├── MethodNotAllowed (405 method_not_allowed)
@@ -78,11 +77,6 @@ class Unauthorized(GatewayError):
 
     def headers(self) -> dict[str, str]:
         return {"WWW-Authenticate": 'Bearer realm="gateway"'}
-
-
-class Forbidden(GatewayError):
-    status = 403
-    type = "forbidden"
 
 
 class NotFound(GatewayError):

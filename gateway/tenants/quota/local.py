@@ -62,8 +62,3 @@ class LocalLimiter:
             if len(self._tats) > _PRUNE_AT:
                 self._tats = {k: t for k, t in self._tats.items() if t > now}
         return verdicts
-
-    def forget(self) -> None:
-        """Drop every count (tests)."""
-        self._tats.clear()
-        self._days.clear()
