@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.telemetry.stats import Stats
+from gateway.http.stats import Stats
 from prometheus_client import CollectorRegistry
 
 from gateway.policy.store import PolicyStore
