@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gateway.fairqueue import INTERACTIVE, Priority
+from gateway.policy.headers import RequestHeaders
 
 _MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?\s*(?:,|$)", re.IGNORECASE)
 
@@ -56,7 +57,8 @@ class RequestContext:
     request_id: str
     route: str
     tenant: str = "public"
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: RequestHeaders = field(default_factory=RequestHeaders)
+    """The request's headers as every stage reads them (one reading, all values)."""
     deadline: float = 0.0
     """``time.monotonic()`` instant after which the request has failed (504)."""
     directives: CacheDirectives = _NONE
