@@ -34,6 +34,7 @@ from gateway.middleware import make_error_middleware
 from gateway.observe import MetricsObserver
 from gateway.pipeline import Pipeline
 from gateway.policy import fold
+from gateway.policy.share import PolicyShare
 from gateway.policy.store import PolicyStore
 from gateway.policy.targets import KnownModels
 from gateway.quota.limiter import QuotaGate
@@ -64,10 +65,13 @@ def create_app(
     tenants: Tenants | None = None,
     handle_signals: bool = False,
     clock: Callable[[], float] = time.time,
+    policy_share: Path | None = None,
 ) -> web.Application:
     """Build the gateway application from settings.
 
-    ``clock`` is the wall clock entries are aged by (tests pass their own).
+    ``clock`` is the wall clock entries are aged by (tests pass their own). ``policy_share``:
+    the folder through which the workers of one gateway share their policy reads
+    (``server.supervise`` makes it), so they serve one version.
     """
     settings.require_backends()
     metrics = GatewayMetrics(registry)
@@ -99,6 +103,7 @@ def create_app(
         shadow_paths=_policy_paths(settings.policies.shadow_path) or None,
         poll_interval_s=settings.policies.poll_interval_s,
         models=KnownModels(names=settings.models, aliases=settings.model_aliases),
+        share=PolicyShare(policy_share) if policy_share is not None else None,
     )
     app[state.POLICIES] = policies
     router = Router(settings.backends, settings.routing, observer=observer)
