@@ -155,7 +155,8 @@ class PolicyStore:
             try:
                 sources = read_sources(self._paths)
                 read.active = load_sources(sources, models=self._models)
-                _, read.shadow = self._load() if self._shadow_paths else (None, None)
+                read.shadow = (load_policy(self._shadow_paths, models=self._models)
+                               if self._shadow_paths else None)
             except PolicyError as exc:
                 read.active, read.error = None, exc
                 read.published = share.read()
