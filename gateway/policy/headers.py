@@ -21,6 +21,7 @@ Pure: no I/O, no aiohttp.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 from gateway.policy.targets import HIDDEN_HEADERS
 
@@ -36,14 +37,25 @@ def candidates(values: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+class MultiHeaders(Protocol):
+    """A multi-valued, case-insensitive header mapping (aiohttp's ``request.headers``)."""
+
+    def getall(self, key: str, default: Sequence[str], /) -> Sequence[str]: ...
+
+    def items(self) -> Iterable[tuple[str, str]]: ...
+
+    def __contains__(self, key: object, /) -> bool: ...
+
+
 class RequestHeaders(Mapping[str, tuple[str, ...]]):
     """A request's headers, read once: lowercase name -> every value, in order.
 
     A ``Mapping`` of tuples, so rules, the hot key and the cache directives read the same
-    values; hidden headers (credentials, body framing) are never in it.
+    values; hidden headers (credentials, body framing) are never in it. Made from a request's
+    multi-valued headers it reads a name only when asked (the hot path asks for few).
     """
 
-    __slots__ = ("_values",)
+    __slots__ = ("_source", "_values")
 
     def __init__(self, pairs: Iterable[tuple[str, str]] = ()) -> None:
         values: dict[str, tuple[str, ...]] = {}
@@ -53,32 +65,55 @@ class RequestHeaders(Mapping[str, tuple[str, ...]]):
                 continue
             have = values.get(low)
             values[low] = (value,) if have is None else (*have, value)
-        self._values = values
+        self._values: dict[str, tuple[str, ...]] | None = values
+        self._source: MultiHeaders | None = None
 
     @classmethod
-    def of(cls, headers: Mapping[str, str]) -> RequestHeaders:
-        """From a multi-valued mapping (aiohttp's ``request.headers``: ``items()`` yields every
-        line) or a plain dict."""
-        return cls(headers.items())
+    def of(cls, headers: MultiHeaders) -> RequestHeaders:
+        """A request's headers (aiohttp's ``request.headers``), read name by name on demand."""
+        made = object.__new__(cls)  # __init__'s empty dict is not needed: made per request
+        made._values, made._source = None, headers
+        return made
 
-    def __getitem__(self, name: str) -> tuple[str, ...]:
-        return self._values[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
+    def _all(self) -> dict[str, tuple[str, ...]]:
+        if self._values is None:
+            assert self._source is not None
+            self._values = RequestHeaders(self._source.items())._all()
+        return self._values
 
     def values_of(self, name: str) -> tuple[str, ...]:
         """Every value of ``name`` (lowercase), in order; empty when absent."""
-        return self._values.get(name, ())
+        if self._values is not None:
+            return self._values.get(name, ())
+        if name in HIDDEN_HEADERS:
+            return ()
+        assert self._source is not None
+        return tuple(self._source.getall(name, ()))
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        found = self.values_of(name)
+        if not found:
+            raise KeyError(name)
+        return found
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        if self._source is not None:  # no tuple made: the hot path asks this of every request
+            return name not in HIDDEN_HEADERS and name in self._source
+        return bool(self.values_of(name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
 
     def joined(self, name: str) -> str | None:
         """All values of a list-valued header joined with ``", "`` (RFC 9110), or None."""
-        found = self._values.get(name)
-        return None if found is None else ", ".join(found)
+        found = self.values_of(name)
+        return ", ".join(found) if found else None
 
     def __repr__(self) -> str:
         # Names only: values may carry what a client considers private.
-        return f"RequestHeaders({sorted(self._values)})"
+        return f"RequestHeaders({sorted(self._all())})"

@@ -16,7 +16,7 @@ from fnmatch import translate
 from types import MappingProxyType
 from typing import Literal, get_args
 
-from gateway.policy.headers import candidates
+from gateway.policy.headers import RequestHeaders, candidates
 
 UnicodeForm = Literal["NFC", "NFKC", "NFD", "NFKD", "none"]
 WhitespaceMode = Literal["collapse", "strip", "keep"]
@@ -157,6 +157,8 @@ class Match:
 
 def _header(headers: Headers, name: str) -> tuple[str, ...]:
     """Every value of ``name``: a plain dict gives one, ``RequestHeaders`` all of them."""
+    if isinstance(headers, RequestHeaders):
+        return headers.values_of(name)
     value = headers.get(name)
     if value is None:
         # Plain dicts with mixed-case names: fall back to a scan (only for rules on headers).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from multidict import CIMultiDict
+
 from gateway.policy.headers import RequestHeaders, candidates
 from gateway.policy.model import Match, Policy, Rule
 
@@ -15,6 +17,16 @@ def test_every_value_is_kept_in_order_and_hidden_headers_never_are() -> None:
     assert h.joined("cache-control") == "max-age=5, no-store"
     assert h.values_of("absent") == () and h.joined("absent") is None
     assert "Bearer" not in repr(h) and "0" not in repr(h), "names only"
+
+
+def test_read_from_a_request_it_gives_the_same_values_name_by_name() -> None:
+    lines = [("X-Debug", "0"), ("Authorization", "Bearer k"), ("x-debug", "1"),
+             ("Cache-Control", "no-store"), ("X-Empty", "")]
+    lazy = RequestHeaders.of(CIMultiDict(lines))
+    assert lazy.values_of("x-debug") == ("0", "1") and lazy.values_of("authorization") == ()
+    assert "cache-control" in lazy and "authorization" not in lazy and "x-empty" in lazy
+    assert lazy.joined("cache-control") == "no-store" and lazy.get("absent") is None
+    assert dict(lazy) == dict(RequestHeaders(lines))
 
 
 def test_candidates_are_each_line_and_each_comma_element() -> None:
