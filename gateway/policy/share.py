@@ -64,6 +64,7 @@ class PolicyShare:
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the gateway-wide read lock (blocking: call it off the event loop)."""
+        self.folder.mkdir(parents=True, exist_ok=True)  # a tmp cleaner may have removed it
         fd = os.open(self.folder / "lock", os.O_CREAT | os.O_RDWR, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
