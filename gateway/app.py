@@ -32,6 +32,7 @@ from gateway.http.serve import rate_limit_headers
 from gateway.pipeline import Pipeline
 from gateway.pipeline.hot_answers import HotAnswers
 from gateway.policy import fold
+from gateway.policy.share import PolicyShare
 from gateway.policy.store import PolicyStore
 from gateway.policy.targets import KnownModels
 from gateway.routing.balancer import Router
@@ -67,10 +68,13 @@ def create_app(
     tenants: Tenants | None = None,
     handle_signals: bool = False,
     clock: Callable[[], float] = time.time,
+    policy_share: Path | None = None,
 ) -> web.Application:
     """Build the gateway application from settings.
 
-    ``clock`` is the wall clock entries are aged by (tests pass their own).
+    ``clock`` is the wall clock entries are aged by (tests pass their own). ``policy_share``:
+    the folder through which the workers of one gateway share their policy reads
+    (``server.supervise`` makes it), so they serve one version.
     """
     settings.require_backends()
     metrics = GatewayMetrics(registry)
@@ -103,6 +107,7 @@ def create_app(
         poll_interval_s=settings.policies.poll_interval_s,
         models=KnownModels(routes=CACHED_PATHS, names=settings.models,
                            aliases=settings.model_aliases),
+        share=PolicyShare(policy_share) if policy_share is not None else None,
     )
     app[state.POLICIES] = policies
     router = Router(settings.backends, settings.routing, observer=observer)

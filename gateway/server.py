@@ -23,6 +23,7 @@ import signal
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -36,6 +37,7 @@ from gateway.errors import (
     UriTooLong,
 )
 from gateway.http.middleware import error_response, new_request_id
+from gateway.policy.loader import PolicyError
 from gateway.settings import Settings, SettingsError, load_settings, settings_fields
 from gateway.telemetry.logs import setup_logging
 
@@ -65,8 +67,8 @@ def serve(args: argparse.Namespace) -> int:
     return supervise(settings, workers)
 
 
-def run_worker(settings: Settings, *, reuse_port: bool) -> int:
-    """Run one gateway process until SIGTERM/SIGINT."""
+def run_worker(settings: Settings, *, reuse_port: bool, policy_share: str | None = None) -> int:
+    """Run one gateway process until SIGTERM/SIGINT (``policy_share``: see ``supervise``)."""
     from gateway.app import create_app
 
     setup_logging(settings.logging.level)
@@ -77,8 +79,9 @@ def run_worker(settings: Settings, *, reuse_port: bool) -> int:
     except ImportError:  # uvloop is optional off Linux/macOS
         pass
     try:
-        app = create_app(settings, handle_signals=True)
-    except (SettingsError, ValueError, OSError) as exc:
+        app = create_app(settings, handle_signals=True,
+                         policy_share=Path(policy_share) if policy_share else None)
+    except (SettingsError, ValueError, OSError, PolicyError) as exc:
         print(f"gateway: cannot start: {exc}", file=sys.stderr)
         return 2
     app.on_startup.append(_freeze_gc)
@@ -196,20 +199,24 @@ async def _freeze_gc(_app: object) -> None:
     gc.freeze()
 
 
-def _child(settings: Settings) -> None:
-    sys.exit(run_worker(settings, reuse_port=True))
+def _child(settings: Settings, policy_share: str) -> None:
+    sys.exit(run_worker(settings, reuse_port=True, policy_share=policy_share))
 
 
 def supervise(settings: Settings, workers: int) -> int:
-    """Start ``workers`` processes on one port; restart any that dies; stop all on a signal."""
+    """Start ``workers`` processes on one port; restart any that dies; stop all on a signal.
+
+    The workers share one folder for their policy reads (``gateway/policy/share.py``): all of
+    them serve the last policy any of them read valid, whichever one a reload reached."""
     mpdir = tempfile.mkdtemp(prefix="gateway-metrics-")
+    policy_share = tempfile.mkdtemp(prefix="gateway-policy-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = mpdir
     ctx = multiprocessing.get_context("spawn")
     procs: list[multiprocessing.process.BaseProcess] = []
     stopping = False
 
     def start_one() -> multiprocessing.process.BaseProcess:
-        proc = ctx.Process(target=_child, args=(settings,), daemon=False)
+        proc = ctx.Process(target=_child, args=(settings, policy_share), daemon=False)
         proc.start()
         return proc
 
@@ -256,6 +263,7 @@ def supervise(settings: Settings, workers: int) -> int:
                 proc.kill()
                 proc.join()
         shutil.rmtree(mpdir, ignore_errors=True)
+        shutil.rmtree(policy_share, ignore_errors=True)
     return code
 
 

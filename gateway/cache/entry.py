@@ -73,19 +73,25 @@ class Entry:
         """Seconds since the entry was created (never negative, whatever the clock skew)."""
         return max(0.0, now - self.created_at)
 
-    def is_fresh(self, now: float) -> bool:
-        """Within its TTL: serve as a plain hit."""
-        return now - self.created_at < self.ttl_s
+    # ``ttl_s``/``swr_s``/``sie_s`` arguments: the limits of the policy in force now. The
+    # stricter of them and the entry's own apply, so a shortened TTL reaches entries already
+    # stored (on every tier: they all hand entries to these checks) without rewriting them.
 
-    def within_swr(self, now: float) -> bool:
+    def is_fresh(self, now: float, ttl_s: float = math.inf) -> bool:
+        """Within its TTL (and ``ttl_s``): serve as a plain hit."""
+        return now - self.created_at < min(self.ttl_s, ttl_s)
+
+    def within_swr(self, now: float, ttl_s: float = math.inf, swr_s: float = math.inf) -> bool:
         """Expired, but inside the stale-while-revalidate window."""
         age = now - self.created_at
-        return self.ttl_s <= age < self.ttl_s + self.stale_while_revalidate_s
+        ttl = min(self.ttl_s, ttl_s)
+        return ttl <= age < ttl + min(self.stale_while_revalidate_s, swr_s)
 
-    def within_sie(self, now: float) -> bool:
+    def within_sie(self, now: float, ttl_s: float = math.inf, sie_s: float = math.inf) -> bool:
         """Expired, but inside the stale-if-error window."""
         age = now - self.created_at
-        return self.ttl_s <= age < self.ttl_s + self.stale_if_error_s
+        ttl = min(self.ttl_s, ttl_s)
+        return ttl <= age < ttl + min(self.stale_if_error_s, sie_s)
 
     def encode(self) -> bytes:
         """The wire form (see the module docstring)."""

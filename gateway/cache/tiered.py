@@ -16,6 +16,7 @@ Per-item lookups are counted in ``gateway_cache_lookups_total{tier, result}``: t
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
@@ -46,12 +47,15 @@ class TieredCache:
         self._pending: set[asyncio.Task[None]] = set()
         self._l2_lookup = LookupCoalescer(l2).lookup if l2 is not None else None
 
-    async def get_many(self, keys: Sequence[CacheKey]) -> list[tuple[Entry | None, str]]:
+    async def get_many(self, keys: Sequence[CacheKey], *, ttl_s: float = math.inf,
+                       ) -> list[tuple[Entry | None, str]]:
         """One ``(entry, tier)`` per key, in order; tier is ``"l1"``, ``"node"``, ``"l2"`` or
         ``""``.
 
         The entry may be stale (the caller checks ``is_fresh``/``within_swr``/``within_sie``);
         when an upper tier holds only a stale copy, a fresher one from a lower tier wins.
+        ``ttl_s``: the TTL of the policy in force now; an entry older than it counts as stale
+        here too, whatever TTL it was stored with (so a lower tier's newer copy is asked for).
         """
         now = self.l1.clock()
         out: list[tuple[Entry | None, str]] = []
@@ -65,7 +69,7 @@ class TieredCache:
                 ask.append(i)
             else:
                 out.append((entry, "l1"))
-                if not entry.is_fresh(now):
+                if not entry.is_fresh(now, ttl_s):
                     l1_stale += 1
                     ask.append(i)
         observe = self._observer.cache_lookups
@@ -73,7 +77,7 @@ class TieredCache:
         observe("l1", "stale", l1_stale)
         observe("l1", "miss", len(ask) - l1_stale)
         if ask and self.node is not None:
-            ask = self._from_node(self.node, keys, ask, out, now)
+            ask = self._from_node(self.node, keys, ask, out, now, ttl_s)
         if not ask or self._l2_lookup is None:
             return out
         found, ok = await self._l2_lookup([keys[i] for i in ask])
@@ -85,7 +89,7 @@ class TieredCache:
         for i, entry in zip(ask, found, strict=True):
             if entry is None:
                 continue
-            if entry.is_fresh(now):
+            if entry.is_fresh(now, ttl_s):
                 hit += 1
             else:
                 stale += 1
@@ -103,7 +107,7 @@ class TieredCache:
         return out
 
     def _from_node(self, node: NodeCache, keys: Sequence[CacheKey], ask: list[int],
-                   out: list[tuple[Entry | None, str]], now: float) -> list[int]:
+                   out: list[tuple[Entry | None, str]], now: float, ttl_s: float) -> list[int]:
         """Fill ``out`` from the node tier (inline: a memory-mapped read); returns the indexes
         L2 should still be asked for (missing, or only stale everywhere so far)."""
         observe = self._observer.cache_lookups
@@ -116,7 +120,7 @@ class TieredCache:
         for i, entry in zip(ask, found, strict=True):
             have = out[i][0]
             if entry is not None:
-                if entry.is_fresh(now):
+                if entry.is_fresh(now, ttl_s):
                     hit += 1
                 else:
                     stale += 1
@@ -124,7 +128,7 @@ class TieredCache:
                     out[i] = (entry, "node")
                     self.l1.set(keys[i], entry)
                     have = entry
-            if have is None or not have.is_fresh(now):
+            if have is None or not have.is_fresh(now, ttl_s):
                 still.append(i)
         observe("node", "hit", hit)
         observe("node", "stale", stale)

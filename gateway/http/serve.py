@@ -22,7 +22,7 @@ from gateway.http.middleware import TENANT, request_id_of
 from gateway.pipeline import Call
 from gateway.pipeline.accounting import hot_usage, usage_of
 from gateway.pipeline.context import CacheDirectives, RequestContext
-from gateway.policy.targets import HIDDEN_HEADERS
+from gateway.policy.headers import RequestHeaders
 from gateway.tenants.quota.limiter import QuotaState
 
 QUOTA: web.RequestKey[QuotaState] = web.RequestKey("quota", QuotaState)
@@ -30,35 +30,43 @@ QUOTA: web.RequestKey[QuotaState] = web.RequestKey("quota", QuotaState)
 
 
 def make_context(request: web.Request, route: str, *, tenant: str | None = None,
-                 started: float | None = None) -> RequestContext:
+                 started: float | None = None,
+                 headers: RequestHeaders | None = None) -> RequestContext:
     """Tenant (401 for a bad key, unless already identified), deadline and cache directives:
-    nothing here reads the body."""
+    nothing here reads the body. ``headers``: the request's one reading of its headers, when
+    the caller already made it (the hot-answer key reads the same one)."""
     settings = request.app[state.SETTINGS]
     if tenant is None:
         tenant = identify(request)
-    timeout_ms = float(settings.default_timeout_ms)
-    raw = request.headers.get("X-Request-Timeout-Ms")
-    if raw is not None:
-        try:
-            timeout_ms = float(raw)
-        except ValueError:
-            raise ValidationFailed("X-Request-Timeout-Ms", "must be a number of milliseconds") \
-                from None
-        if not 0 < timeout_ms <= settings.max_timeout_ms:
-            raise ValidationFailed("X-Request-Timeout-Ms",
-                                   f"must be between 1 and {settings.max_timeout_ms}")
-    headers = {k.lower(): v for k, v in request.headers.items() if k.lower() not in HIDDEN_HEADERS}
+    if headers is None:
+        headers = RequestHeaders.of(request.headers)
+    # Sent more than once: every value must be valid, and the strictest applies.
+    asked = [_timeout_ms(raw, settings.max_timeout_ms)
+             for raw in headers.values_of("x-request-timeout-ms")]
+    timeout_ms = min(asked) if asked else float(settings.default_timeout_ms)
     ctx = RequestContext(
         request_id=request_id_of(request),
         route=route,
         tenant=tenant,
         headers=headers,
         deadline=time.monotonic() + timeout_ms / 1000.0,
-        directives=CacheDirectives.parse(request.headers.get("Cache-Control")),
+        directives=CacheDirectives.parse(headers.joined("cache-control")),
     )
     if started is not None:
         ctx.started = started
     return ctx
+
+
+def _timeout_ms(raw: str, most: float) -> float:
+    """One ``X-Request-Timeout-Ms`` value, checked (422 naming the header)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValidationFailed("X-Request-Timeout-Ms", "must be a number of milliseconds") \
+            from None
+    if not 0 < value <= most:
+        raise ValidationFailed("X-Request-Timeout-Ms", f"must be between 1 and {most}")
+    return value
 
 
 def identify(request: web.Request) -> str:
@@ -102,9 +110,9 @@ async def _answer(request: web.Request, route: str, parse: Callable[[dict[str, A
     check_json_type(request)
     body = await read_body(request, app[state.SETTINGS].max_body_bytes)
     hot = app[state.HOT]
-    headers = request.headers
+    headers = RequestHeaders.of(request.headers)  # the one reading: hot key, policy, directives
     hot_key = None
-    if "Cache-Control" not in headers and "X-Request-Timeout-Ms" not in headers:
+    if "cache-control" not in headers and "x-request-timeout-ms" not in headers:
         hot_key = hot.key(request.path, tenant, headers, body)
         found = hot.get(hot_key) if hot_key is not None else None
         if found is not None:
@@ -118,7 +126,7 @@ async def _answer(request: web.Request, route: str, parse: Callable[[dict[str, A
                 "X-Cache": "HIT", "Server-Timing": f"hot;dur={total:.3f}, total;dur={total:.3f}",
                 "X-Request-Id": request_id_of(request), "X-Cache-Policy": answer.decision.trail,
                 "Age": str(int(age))})
-    ctx = make_context(request, route, tenant=tenant, started=started)
+    ctx = make_context(request, route, tenant=tenant, started=started, headers=headers)
     if quota is not None:
         ctx.charge = quota.charge
     call = parse(parse_json(body))

@@ -7,6 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from gateway.policy.headers import RequestHeaders
 from gateway.upstream.admission.fairqueue import INTERACTIVE, Priority
 
 _MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?\s*(?:,|$)", re.IGNORECASE)
@@ -56,7 +57,8 @@ class RequestContext:
     request_id: str
     route: str
     tenant: str = "public"
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: RequestHeaders = field(default_factory=RequestHeaders)
+    """The request's headers as every stage reads them (one reading, all values)."""
     deadline: float = 0.0
     """``time.monotonic()`` instant after which the request has failed (504)."""
     directives: CacheDirectives = _NONE

@@ -93,7 +93,7 @@ class Pipeline:
 
         rule = decision.rule
         if storable and (use_cache and (ctx.directives.may_read or rule.stale_if_error_s > 0)):
-            await self._lookup(ctx, storable, positions, entries)
+            await self._lookup(ctx, storable, positions, entries, rule.ttl_s)
             if ctx.directives.may_read:
                 self._answer_from_cache(ctx, call, decision, keys, entries, outcomes)
 
@@ -104,13 +104,16 @@ class Pipeline:
             stored = set(storable) if use_cache else set()
             failure = await self._fetch(ctx, call, decision, positions, missing, outcomes, stored)
             if failure is not None:
-                self._stale_if_error(ctx, keys, entries, outcomes, failure)
+                self._stale_if_error(ctx, decision, keys, entries, outcomes, failure)
 
         final = [o for o in outcomes if o is not None]
         if len(final) != len(items):  # every position is filled by construction
             raise GatewayError("internal error: unanswered item")
-        if not use_cache:
-            for o in final:
+        # BYPASS for every item the cache was kept out of: all of them when the policy or the
+        # client says so, else those the policy forbids to store (a no_store detector's).
+        kept = set(storable) if use_cache else set()
+        for key, o in zip(keys, final, strict=True):
+            if key not in kept:
                 o.status = BYPASS
         statuses = [o.status for o in final]
         self.observer.items_answered(call.model, ctx.tenant, statuses)
@@ -154,9 +157,10 @@ class Pipeline:
                 for item in items]
 
     async def _lookup(self, ctx: RequestContext, keys: list[CacheKey],
-                      positions: dict[CacheKey, list[int]], entries: list[Entry | None]) -> None:
+                      positions: dict[CacheKey, list[int]], entries: list[Entry | None],
+                      ttl_s: float) -> None:
         t0 = time.perf_counter()
-        found = await self.cache.get_many(keys)
+        found = await self.cache.get_many(keys, ttl_s=ttl_s)
         ctx.add_timing("cache", time.perf_counter() - t0)
         for key, (entry, _tier) in zip(keys, found, strict=True):
             for i in positions[key]:
@@ -166,7 +170,7 @@ class Pipeline:
                            keys: Sequence[CacheKey], entries: Sequence[Entry | None],
                            outcomes: list[Outcome | None]) -> None:
         stale, saved_ms = from_cache(entries, keys, outcomes, self.clock(),
-                                     ctx.directives.max_age)
+                                     ctx.directives.max_age, decision.rule)
         if saved_ms:
             self.observer.compute_saved(call.model, saved_ms / 1000.0)
         if stale:
@@ -239,11 +243,11 @@ class Pipeline:
             for i in positions[key]:
                 outcomes[i] = Outcome(item.value, item.meta, status, 0.0)
 
-    def _stale_if_error(self, ctx: RequestContext, keys: Sequence[CacheKey],
-                        entries: Sequence[Entry | None], outcomes: list[Outcome | None],
-                        failure: GatewayError) -> None:
+    def _stale_if_error(self, ctx: RequestContext, decision: Decision,
+                        keys: Sequence[CacheKey], entries: Sequence[Entry | None],
+                        outcomes: list[Outcome | None], failure: GatewayError) -> None:
         """Serve stale answers the policy allows when the backends failed; else re-raise."""
-        if not stale_if_error(entries, keys, outcomes, self.clock(), failure):
+        if not stale_if_error(entries, keys, outcomes, self.clock(), failure, decision.rule):
             raise failure
         log.info("served stale-if-error", extra={"request_id": ctx.request_id,
                                                   "error": failure.type})

@@ -5,7 +5,8 @@ is answered from here without parsing, policy evaluation, key derivation or rend
 while everything that decided the answer still holds, checked on every use:
 - the active policy is the one it was decided under (a reload changes the version);
 - the model version the keys were derived for is still the one served;
-- every item's entry is still *the same object* in L1 and still fresh (a purge, eviction,
+- every item's entry is still *the same object* in L1 and still fresh, by the stricter of its
+  own TTL and the policy's (a purge, eviction,
   refresh or expiry breaks the identity, and the slow path answers and refreshes); an item L1
   no longer holds may instead be the same entry (creation time and value) in the node tier,
   which every worker of the host shares: it is put back into L1 and the answer stands.
@@ -17,7 +18,7 @@ Bounded by entries and bytes (least recently used first); in-process memory only
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import xxhash
@@ -28,6 +29,7 @@ from gateway.cache.memory import MemoryCache
 from gateway.cache.node import NodeCache
 from gateway.pipeline import Result
 from gateway.policy import Decision, Policy
+from gateway.policy.headers import RequestHeaders
 from gateway.policy.store import PolicyStore
 from gateway.telemetry.observer import Observer
 
@@ -70,11 +72,15 @@ class HotAnswers:
     def __len__(self) -> int:
         return len(self._items)
 
-    def key(self, path: str, tenant: str, headers: Mapping[str, str], body: bytes,
+    def key(self, path: str, tenant: str, headers: RequestHeaders, body: bytes,
             ) -> bytes | None:
         """The request's hot key (``path`` as requested: it may name a model version), or None
         when it must take the full path. The caller sends requests with ``Cache-Control`` (or
-        anything else that changes how the cache is used) down the full path."""
+        anything else that changes how the cache is used) down the full path.
+
+        ``headers`` is the same reading the policy decides by; every value of every header a
+        rule matches on is in the key, in order, so only a request whose policy inputs are
+        identical can be answered from the answer its decision made."""
         if not self.enabled or self.policies.shadow is not None:
             return None
         h = xxhash.xxh3_128()
@@ -82,9 +88,11 @@ class HotAnswers:
         h.update(b"\0")
         h.update(tenant.encode())
         for name in self._header_names(self.policies.active):
-            value = headers.get(name)
-            h.update(b"\0" + name.encode() + b"=" + (value.encode("utf-8", "surrogateescape")
-                                                      if value is not None else b"\1"))
+            h.update(b"\0" + name.encode() + b"=")
+            for value in headers.values_of(name):  # length-prefixed: no two lists collide
+                raw = value.encode("utf-8", "surrogateescape")
+                h.update(len(raw).to_bytes(4, "little") + raw)
+            h.update(b"\1")
         h.update(b"\0\0")
         h.update(body)
         return h.digest()
@@ -101,8 +109,9 @@ class HotAnswers:
                  and found.model_version == self.model_version(found.model))
         lost: list[int] = []
         if valid:
+            ttl = found.decision.rule.ttl_s  # the policy's TTL may be shorter than an entry's
             for i, (k, e) in enumerate(zip(found.keys, found.entries, strict=True)):
-                if not e.is_fresh(now):
+                if not e.is_fresh(now, ttl):
                     valid = False
                     break
                 held = l1_get(k)

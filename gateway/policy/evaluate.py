@@ -8,13 +8,13 @@ marks only that item as not to be cached (its neighbours in a list still are).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import PolicyRejected, ValidationFailed
 from gateway.policy.detectors import Shape
-from gateway.policy.model import DETECTOR_NAMES, SHARED_SCOPE, Policy, Rule
+from gateway.policy.model import DETECTOR_NAMES, SHARED_SCOPE, Headers, Policy, Rule
 from gateway.policy.normalize import canonical, limit
 from gateway.policy.pii import Finding, redact, scan, scan_shape
 
@@ -150,7 +150,7 @@ def evaluate(
     route: str,
     model: str,
     tenant: str,
-    headers: Mapping[str, str],
+    headers: Headers,
     texts: Sequence[str],
     field: str = "input",
 ) -> Decision:
@@ -169,7 +169,7 @@ def evaluate_groups(
     route: str,
     model: str,
     tenant: str,
-    headers: Mapping[str, str],
+    headers: Headers,
     groups: Sequence[tuple[str, Sequence[str]]],
 ) -> Decision:
     """One decision over several fields of one request (``query`` and ``documents``...).

@@ -154,13 +154,31 @@ def _match_issues(name: str, doc: Located, index: int, raw: Mapping[str, Any],
     return issues
 
 
-def _load_file(path: Path, issues: list[PolicyIssue], models: KnownModels | None) -> _File | None:
-    name = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        issues.append(PolicyIssue(name, None, "(file)", f"cannot read: {exc}"))
-        return None
+Source = tuple[str, str]
+"""One policy file as read: its name and its text."""
+
+
+def read_sources(paths: Sequence[Path]) -> list[Source]:
+    """The text of every file ``paths`` name, in load order; ``PolicyError`` when there is
+    none, or naming every file that cannot be read."""
+    files = policy_files(paths)
+    if not files:
+        where = ", ".join(str(p) for p in paths) or "(no paths)"
+        raise PolicyError([PolicyIssue(where, None, "(files)", "no *.yaml policy files found")])
+    sources: list[Source] = []
+    issues: list[PolicyIssue] = []
+    for path in files:
+        try:
+            sources.append((str(path), path.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as exc:
+            issues.append(PolicyIssue(str(path), None, "(file)", f"cannot read: {exc}"))
+    if issues:
+        raise PolicyError(issues)
+    return sources
+
+
+def _load_file(name: str, text: str, issues: list[PolicyIssue],
+               models: KnownModels | None) -> _File | None:
     doc, problems = parse(text)
     if doc is None:
         issues.extend(PolicyIssue(name, line, field, msg) for line, field, msg in problems)
@@ -212,16 +230,18 @@ def load_policy(paths: Sequence[Path], *, models: KnownModels | None = None) -> 
     ``models``: the models the gateway serves; a rule naming another one is an error. ``None``
     leaves model names unchecked.
     """
+    return load_sources(read_sources(paths), models=models)
+
+
+def load_sources(sources: Sequence[Source], *, models: KnownModels | None = None) -> Policy:
+    """``load_policy`` over texts already read (``read_sources``): the same texts always make
+    the same policy, which is how a gateway's workers share one (``policy/share.py``)."""
     issues: list[PolicyIssue] = []
-    files = policy_files(paths)
-    if not files:
-        where = ", ".join(str(p) for p in paths) or "(no paths)"
-        raise PolicyError([PolicyIssue(where, None, "(files)", "no *.yaml policy files found")])
     rules: list[Rule] = []
     labels: list[str] = []
     first_seen: dict[str, str] = {}
-    for path in files:
-        loaded = _load_file(path, issues, models)
+    for name, text in sources:
+        loaded = _load_file(name, text, issues, models)
         if loaded is None:
             continue
         if loaded.label:
@@ -229,14 +249,14 @@ def load_policy(paths: Sequence[Path], *, models: KnownModels | None = None) -> 
         for rule, index, line in loaded.rules:
             if rule.name in first_seen:
                 issues.append(PolicyIssue(
-                    str(path), line, f"rules[{index}].name",
+                    name, line, f"rules[{index}].name",
                     f"duplicate rule name {rule.name!r} (first at {first_seen[rule.name]})"))
             first_seen.setdefault(rule.name, rule.origin)
             rules.append(rule)
     if issues:
         raise PolicyError(issues)
     return Policy(version=_version(labels, rules), rules=tuple(rules),
-                  sources=tuple(str(p) for p in files))
+                  sources=tuple(name for name, _ in sources))
 
 
 def lint(policy: Policy) -> list[PolicyIssue]:

@@ -16,6 +16,8 @@ from fnmatch import translate
 from types import MappingProxyType
 from typing import Literal, get_args
 
+from gateway.policy.headers import RequestHeaders, candidates
+
 UnicodeForm = Literal["NFC", "NFKC", "NFD", "NFKD", "none"]
 WhitespaceMode = Literal["collapse", "strip", "keep"]
 Overflow = Literal["truncate", "reject"]
@@ -26,6 +28,9 @@ ACTIONS: tuple[str, ...] = get_args(Action)
 # Kept here (not imported from pii) so the model stays importable without compiling regexes.
 DETECTOR_NAMES: tuple[str, ...] = ("email", "phone", "card", "us_ssn", "iban", "ip", "secret")
 SHARED_SCOPE = "shared"
+Headers = Mapping[str, str | tuple[str, ...]]
+"""Request headers by lowercase name: one value each (a plain dict), or every value
+(``RequestHeaders``, what the gateway passes)."""
 
 
 def _check(value: object, allowed: tuple[str, ...], what: str) -> None:
@@ -99,7 +104,8 @@ class Match:
     """Which requests a rule applies to. ``None`` means any; names may be ``fnmatch`` globs.
 
     ``headers`` maps a lowercase header name to an exact value or a glob; every listed header
-    must be present and match.
+    must be present and match. A header sent more than once matches when any of its values
+    (or any comma-separated element of one) does (``gateway.policy.headers``).
     """
 
     routes: tuple[str, ...] | None = None
@@ -137,27 +143,32 @@ class Match:
             return False
         return all(v is None or "*" in v for v in (self.routes, self.models, self.tenants))
 
-    def matches(self, *, route: str, model: str, tenant: str, headers: Mapping[str, str]) -> bool:
+    def matches(self, *, route: str, model: str, tenant: str, headers: Headers) -> bool:
         """Whether a request with these attributes falls under this match."""
         for name, test in self._tests:
             value = route if name == "routes" else model if name == "models" else tenant
             if not test(value):
                 return False
         for hname, htest in self._header_tests:
-            found = _header(headers, hname)
-            if found is None or not htest(found):
+            if not any(htest(v) for v in candidates(_header(headers, hname))):
                 return False
         return True
 
 
-def _header(headers: Mapping[str, str], name: str) -> str | None:
+def _header(headers: Headers, name: str) -> tuple[str, ...]:
+    """Every value of ``name``: a plain dict gives one, ``RequestHeaders`` all of them."""
+    if isinstance(headers, RequestHeaders):
+        return headers.values_of(name)
     value = headers.get(name)
     if value is None:
         # Plain dicts with mixed-case names: fall back to a scan (only for rules on headers).
         for key, v in headers.items():
             if key.lower() == name:
-                return v
-    return value
+                value = v
+                break
+        else:
+            return ()
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,7 +207,7 @@ class Policy:
     rules: tuple[Rule, ...]
     sources: tuple[str, ...] = ()
 
-    def match(self, *, route: str, model: str, tenant: str, headers: Mapping[str, str]) -> Rule:
+    def match(self, *, route: str, model: str, tenant: str, headers: Headers) -> Rule:
         """The first rule that matches, or the built-in ``no-match`` rule (cache off)."""
         for rule in self.rules:
             if rule.match.matches(route=route, model=model, tenant=tenant, headers=headers):

@@ -7,7 +7,8 @@ refused whole: the last good policy stays active, ``gateway_policy_reloads_total
 counts it, one log line lists the errors, and ``PolicyError`` reaches the caller (the admin route
 returns it). A shadow policy is evaluated beside the active one by the pipeline; where they would
 decide differently ``compare_shadow`` counts it by rule, so a team sees the effect of a change
-before making it active.
+before making it active. The workers of one gateway share their reads through a ``PolicyShare``
+(``policy/share.py``) so they all serve the same version, whichever of them read the files.
 """
 
 from __future__ import annotations
@@ -15,11 +16,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.policy.evaluate import Decision
-from gateway.policy.loader import PolicyError, default_policy, load_policy, policy_files
+from gateway.policy.loader import (
+    PolicyError,
+    default_policy,
+    load_policy,
+    load_sources,
+    policy_files,
+    read_sources,
+)
 from gateway.policy.model import Policy
+from gateway.policy.share import PolicyShare, Published
 from gateway.policy.targets import KnownModels
 from gateway.tasks import stop_task
 from gateway.telemetry.observer import NullObserver, Observer
@@ -52,8 +62,25 @@ def differences(active: Decision | None, shadow: Decision | None) -> tuple[str, 
     return tuple(name for name, x, y in pairs if x != y)
 
 
+@dataclass(slots=True)
+class _Read:
+    """What one read of the policy files gave (see ``PolicyStore._read``)."""
+
+    snapshot: _Snapshot
+    active: Policy | None = None
+    shadow: Policy | None = None
+    published: Published | None = None
+    """The share's publication after the read: this read's, or (refused) the last good one."""
+    error: PolicyError | None = None
+
+
 class PolicyStore:
-    """The active policy and an optional shadow one, kept in step with their files."""
+    """The active policy and an optional shadow one, kept in step with their files.
+
+    With a ``share`` (every worker of a multi-worker gateway), reads are serialized across the
+    workers and a refused read falls back to the last valid read of *any* worker, which every
+    worker also adopts when it is published (``policy/share.py``): they serve one version.
+    """
 
     def __init__(
         self,
@@ -63,6 +90,7 @@ class PolicyStore:
         shadow_paths: Sequence[Path] | None = None,
         poll_interval_s: float = 1.0,
         models: KnownModels | None = None,
+        share: PolicyShare | None = None,
     ) -> None:
         self.known_models = models
         """What rules may name (routes, served models): others are refused (None: unchecked)."""
@@ -70,11 +98,26 @@ class PolicyStore:
         self._shadow_paths = tuple(Path(p) for p in shadow_paths or ())
         self._observer: Observer = observer or NullObserver()
         self._poll_interval_s = poll_interval_s
+        self._share = share if self._paths else None  # the built-in policy needs no sharing
+        self._generation = 0  # of the publication the active policy came from
+        self._share_stamp: tuple[int, int, int] | None = None
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
-        self._snapshot = self._stat()  # before reading: a change during the read is seen later
-        self._active, self._shadow = self._load()
+        read = self._read()
+        self._snapshot = read.snapshot
+        if read.error is not None:
+            if read.published is None:
+                raise read.error
+            # A worker (re)started while the files are invalid serves what the others serve.
+            log.error("policy files refused at start-up, serving the gateway's last good "
+                      "policy: %s", "; ".join(str(e) for e in read.error.errors))
+            read.active = load_sources(read.published.sources, models=models)
+        assert read.active is not None
+        self._active, self._shadow = read.active, read.shadow
+        if read.published is not None:
+            self._generation = read.published.generation
         self._publish(None, self._active)
+        log.info("policy %s active from %s", self._active.version, self.origin)
 
     @property
     def active(self) -> Policy:
@@ -86,11 +129,41 @@ class PolicyStore:
         """The candidate evaluated beside the active policy, if one is configured."""
         return self._shadow
 
+    @property
+    def origin(self) -> str:
+        """Where the active policy comes from: the configured path, or ``built-in``."""
+        return ", ".join(str(p) for p in self._paths) or "built-in"
+
     def _load(self) -> tuple[Policy, Policy | None]:
         models = self.known_models
         active = load_policy(self._paths, models=models) if self._paths else default_policy()
         shadow = load_policy(self._shadow_paths, models=models) if self._shadow_paths else None
         return active, shadow
+
+    def _read(self) -> _Read:
+        """Read and load the files (blocking). Shared: under the gateway-wide lock, publishing
+        what loaded before the lock is let go, or, refused, returning the last publication."""
+        share = self._share
+        if share is None:
+            read = _Read(self._stat())  # before reading: a change during the read is seen later
+            try:
+                read.active, read.shadow = self._load()
+            except PolicyError as exc:
+                read.error = exc
+            return read
+        with share.locked():
+            read = _Read(self._stat())
+            try:
+                sources = read_sources(self._paths)
+                read.active = load_sources(sources, models=self.known_models)
+                read.shadow = (load_policy(self._shadow_paths, models=self.known_models)
+                               if self._shadow_paths else None)
+            except PolicyError as exc:
+                read.active, read.error = None, exc
+                read.published = share.read()
+                return read
+            read.published = share.publish(sources)
+            return read
 
     def _stat(self) -> _Snapshot:
         # A folder's own mtime changes when files are added or removed (or renamed over, as
@@ -111,25 +184,57 @@ class PolicyStore:
                                      ",".join(new.sources))
 
     async def reload(self) -> Policy:
-        """Re-read the files; the new active policy, or ``PolicyError`` with the old one kept."""
+        """Re-read the files; the new active policy, or ``PolicyError`` with the last good one
+        kept (shared: the last good of the whole gateway)."""
         async with self._lock:
             loop = asyncio.get_running_loop()
-            snapshot = await loop.run_in_executor(None, self._stat)
-            try:
-                active, shadow = await loop.run_in_executor(None, self._load)
-            except PolicyError as exc:
-                self._snapshot = snapshot  # do not retry the same bad files on every poll
+            read = await loop.run_in_executor(None, self._read)
+            self._snapshot = read.snapshot  # a refused set is not retried on every poll
+            if read.error is not None:
                 self._observer.policy_reloaded("failure")
+                if read.published is not None and read.published.generation != self._generation:
+                    await self._adopt(read.published)
                 log.error("policy reload refused, keeping %s: %s", self._active.version,
-                          "; ".join(str(e) for e in exc.errors))
-                raise
+                          "; ".join(str(e) for e in read.error.errors))
+                raise read.error
+            assert read.active is not None
             old = self._active
-            self._snapshot, self._active, self._shadow = snapshot, active, shadow
-            self._publish(old, active)
+            self._active, self._shadow = read.active, read.shadow
+            if read.published is not None:
+                self._generation = read.published.generation
+            self._publish(old, read.active)
             self._observer.policy_reloaded("success")
-            log.info("policy %s active (was %s), shadow %s", active.version, old.version,
-                     shadow.version if shadow is not None else "none")
-            return active
+            log.info("policy %s active (was %s) from %s, shadow %s", read.active.version,
+                     old.version, self.origin,
+                     read.shadow.version if read.shadow is not None else "none")
+            return read.active
+
+    async def _adopt(self, published: Published) -> None:
+        """Serve a publication of another worker's read (the caller holds ``_lock``)."""
+        loop = asyncio.get_running_loop()
+        models = self.known_models
+        try:
+            policy = await loop.run_in_executor(
+                None, lambda: load_sources(published.sources, models=models))
+        except PolicyError:  # the same texts loaded in another worker: only a bug gets here
+            log.exception("a published policy did not load here")
+            return
+        old, self._active, self._generation = self._active, policy, published.generation
+        self._publish(old, policy)
+        log.info("policy %s active (was %s), as read by another worker", policy.version,
+                 old.version)
+
+    def _published_change(self) -> Published | None:
+        """A publication this worker has not seen yet (blocking; for the watcher)."""
+        share = self._share
+        if share is None:
+            return None
+        stamp = share.stamp()
+        if stamp == self._share_stamp:
+            return None
+        self._share_stamp = stamp
+        published = share.read()
+        return published if published and published.generation != self._generation else None
 
     async def start(self) -> None:
         """Start watching the files (a no-op for the built-in policy or a zero interval)."""
@@ -147,11 +252,16 @@ class PolicyStore:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self._poll_interval_s)
-            snapshot = await loop.run_in_executor(None, self._stat)
-            if snapshot == self._snapshot:
-                continue
             try:
-                await self.reload()
+                snapshot = await loop.run_in_executor(None, self._stat)
+                if snapshot != self._snapshot:
+                    await self.reload()
+                    continue
+                published = await loop.run_in_executor(None, self._published_change)
+                if published is not None:
+                    async with self._lock:
+                        if published.generation != self._generation:
+                            await self._adopt(published)
             except PolicyError:
                 pass  # counted and logged by reload; tried again when the files change again
             except Exception:  # a bug must not stop the watcher for good

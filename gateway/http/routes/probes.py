@@ -9,6 +9,7 @@ a default Prometheus scrape config expects.
 from __future__ import annotations
 
 import hmac
+import os
 
 import orjson
 from aiohttp import web
@@ -24,12 +25,16 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready when the policy is loaded and at least one backend is ready."""
+    """Ready when the policy is loaded and at least one backend is ready. Names the policy's
+    version and where it came from (``policy_source``: the configured path, or ``built-in``),
+    and the worker that answered (``worker_pid``: each worker of a gateway answers for itself)."""
     backends = request.app[state.ROUTER].ready()
-    policy = request.app[state.POLICIES].active
+    policies = request.app[state.POLICIES]
+    policy = policies.active
     ready = backends and policy is not None
     body = {"ready": ready, "backends_ready": backends,
-            "policy_version": policy.version if policy is not None else None}
+            "policy_version": policy.version if policy is not None else None,
+            "policy_source": policies.origin, "worker_pid": os.getpid()}
     return web.Response(status=200 if ready else 503, body=orjson.dumps(body),
                         content_type="application/json")
 

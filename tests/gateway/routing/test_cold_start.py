@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.http.stats import Stats
 from prometheus_client import CollectorRegistry
 
+from gateway.http.stats import Stats
 from gateway.policy.store import PolicyStore
 from gateway.routing import Router, RoutingSettings
 from gateway.routing.coldstart import COLD_ANSWERS
