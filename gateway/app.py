@@ -45,6 +45,7 @@ from gateway.settings import Settings
 from gateway.tenants import Tenants
 from gateway.upstream import AiohttpTransport, Upstream
 from gateway.upstream.grpc import GrpcTransport
+from gateway.upstream.schedule import Schedule
 from gateway.upstream.transport import SchemeTransport
 
 log = logging.getLogger("gateway")
@@ -150,8 +151,13 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
         admission = Admission(settings.admission, observer=app[state.OBSERVER],
                               share=app[state.TENANTS].share)
         app[state.ADMISSION] = admission
-        upstream = Upstream(transport, router, admission, settings.routing,
-                            observer=app[state.OBSERVER])
+        routing = settings.routing
+        upstream = Upstream(transport, router, admission, routing,
+                            observer=app[state.OBSERVER],
+                            schedule=Schedule(interactive=routing.backend_priority_interactive,
+                                              batch=routing.backend_priority_batch,
+                                              salt=routing.fairness_salt,
+                                              tenant_priority=tenants.backend_priority))
         app[state.UPSTREAM] = upstream
         health = HealthChecker(router, transport, settings.routing,
                                models=settings.models)

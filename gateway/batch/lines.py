@@ -24,6 +24,7 @@ from gateway.adapters.texts import parse_classify, parse_embeddings, parse_rank
 from gateway.batch.jsonl import BadLine, error_line, parse_request, response_line
 from gateway.context import RequestContext
 from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, ModelNotFound, Overloaded
+from gateway.fairqueue import BATCH
 from gateway.pipeline import Call, Pipeline
 from gateway.settings import Settings
 
@@ -85,8 +86,9 @@ class LineRunner:
                                                 bad.message, number))
         try:
             call = self._parsers[endpoint](body)
+            # Batch lines go at the lowest priority, in the gateway's queue and the backend's.
             ctx = RequestContext(
-                request_id=rid, route=endpoint, tenant=tenant,
+                request_id=rid, route=endpoint, tenant=tenant, priority=BATCH,
                 deadline=time.monotonic() + self._settings.max_timeout_ms / 1000.0)
             result = await self._pipeline.run(ctx, call)
             rendered = call.render(result)

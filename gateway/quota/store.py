@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gateway.fairqueue import Priority
@@ -72,6 +72,11 @@ class TenantStore:
         """(weight, priority class): what admission's fair queue asks on every call."""
         spec = self._tenants.spec(tenant)
         return spec.weight, spec.priority
+
+    def backend_priority(self, tenant: str) -> tuple[int | None, Mapping[str, int]]:
+        """(backend priority, per-route priorities) the tenants file sets for ``tenant``."""
+        spec = self._tenants.spec(tenant)
+        return spec.backend_priority, spec.route_priority
 
     def _stat(self) -> _Stamp:
         if self._path is None:
