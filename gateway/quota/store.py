@@ -73,10 +73,11 @@ class TenantStore:
         spec = self._tenants.spec(tenant)
         return spec.weight, spec.priority
 
-    def backend_priority(self, tenant: str) -> tuple[int | None, Mapping[str, int]]:
-        """(backend priority, per-route priorities) the tenants file sets for ``tenant``."""
+    def backend_priority(self, tenant: str) -> tuple[Priority, int | None, Mapping[str, int]]:
+        """(class, backend priority, per-route priorities) the tenants file sets for
+        ``tenant``: what each backend call's scheduling priority is made of."""
         spec = self._tenants.spec(tenant)
-        return spec.backend_priority, spec.route_priority
+        return spec.priority, spec.backend_priority, spec.route_priority
 
     def _stat(self) -> _Stamp:
         if self._path is None:

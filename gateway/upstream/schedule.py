@@ -3,8 +3,9 @@
 The backend's queue is where waiting happens (docs/SCHEDULING.md), so each call tells it:
 
 - ``priority`` (Triton's numbering: 1 highest): the tenant's ``route_priority`` for the route,
-  else its ``backend_priority``, else the gateway's number for its class (``interactive`` 1,
-  ``batch`` 3 by default: ``routing.backend_priority_*``). Batch API lines never rise above
+  else its ``backend_priority``, else the gateway's number for the call's class (the lower of
+  the call's and the tenant's: ``interactive`` 1, ``batch`` 3 by default:
+  ``routing.backend_priority_*``). Batch API lines never rise above
   the batch number. A client's own ``priority`` parameter may only lower its request's
   priority (a larger number), never raise it.
 - ``fairness_key``: a keyed hash of the tenant id, never the id itself: the backend shares
@@ -22,7 +23,10 @@ import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gateway.fairqueue import BATCH, INTERACTIVE, Priority
+from gateway.fairqueue import BATCH, INTERACTIVE, Priority, lower
+
+TenantPriority = Callable[[str], tuple[Priority, int | None, Mapping[str, int]]]
+"""A tenant's class, ``backend_priority`` and ``route_priority`` (the tenants file)."""
 
 PRIORITY = "priority"
 TIMEOUT = "timeout"
@@ -43,8 +47,7 @@ class Schedule:
     """Resolves a call's backend priority and fairness key (see the module doc)."""
 
     def __init__(self, *, interactive: int = 1, batch: int = 3, salt: str = "",
-                 tenant_priority: Callable[[str], tuple[int | None, Mapping[str, int]]]
-                 | None = None) -> None:
+                 tenant_priority: TenantPriority | None = None) -> None:
         self._by_class: dict[Priority, int] = {INTERACTIVE: interactive, BATCH: batch}
         self._batch = batch
         self._salt = salt
@@ -52,9 +55,13 @@ class Schedule:
 
     def priority(self, tenant: str, route: str, cls: Priority, client: int = 0) -> int:
         """The backend priority of a call; ``client`` is the request's own (0: none)."""
-        number = self._by_class[cls]
+        own: int | None = None
+        routes: Mapping[str, int] = {}
         if self._tenant_priority is not None:
-            own, routes = self._tenant_priority(tenant)
+            tenant_class, own, routes = self._tenant_priority(tenant)
+            cls = lower(cls, tenant_class)  # a batch tenant's calls stay batch
+        number = self._by_class[cls]
+        if own is not None or routes:
             routed = routes.get(route) if routes else None
             if routed is not None:
                 number = routed

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.fairqueue import BATCH, INTERACTIVE
+from gateway.fairqueue import BATCH, INTERACTIVE, Priority
 from gateway.quota.spec import TenantSpec, parse_spec
 from gateway.upstream.schedule import Schedule, client_schedule, fairness_key
 from tests.gateway.test_upstream_retry import healthy, rig
@@ -46,11 +46,12 @@ def test_fairness_keys_are_stable_opaque_and_salted() -> None:
 
 def test_the_priority_comes_from_route_then_tenant_then_class_and_may_only_be_lowered() -> None:
     specs = {"gold": TenantSpec(backend_priority=1, route_priority={"/v1/rank": 2}),
-             "bulk": TenantSpec(backend_priority=4)}
+             "bulk": TenantSpec(backend_priority=4),
+             "night": TenantSpec(priority=BATCH)}
 
-    def lookup(tenant: str) -> tuple[int | None, dict[str, int]]:
+    def lookup(tenant: str) -> tuple[Priority, int | None, dict[str, int]]:
         spec = specs.get(tenant, TenantSpec())
-        return spec.backend_priority, dict(spec.route_priority)
+        return spec.priority, spec.backend_priority, dict(spec.route_priority)
 
     schedule = Schedule(interactive=2, batch=5, tenant_priority=lookup)
     assert schedule.priority("anyone", "/v1/embeddings", INTERACTIVE) == 2
@@ -61,6 +62,7 @@ def test_the_priority_comes_from_route_then_tenant_then_class_and_may_only_be_lo
     assert schedule.priority("gold", "/v1/embeddings", INTERACTIVE, client=1) == 1
     assert schedule.priority("anyone", "/v1/embeddings", INTERACTIVE, client=1) == 2
     assert schedule.priority("anyone", "/v1/embeddings", INTERACTIVE, client=7) == 7
+    assert schedule.priority("night", "/v1/embeddings", INTERACTIVE) == 5  # a batch tenant
 
 
 def test_the_tenants_file_fields_are_checked() -> None:
