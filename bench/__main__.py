@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 ORDER = ("policy", "cache", "backend", "latency", "gateway", "overload", "tenants",
          "resilience")
-BY_NAME = ("fuzz", "soak", "batch")  # long runs, never part of "all"
+BY_NAME = ("fuzz", "soak", "batch", "sched")  # long runs, never part of "all"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,8 @@ dynamic batching. ``queue.py`` decides what the next batch holds (pure, clock pa
 batch costs; ``policy.py`` is the configuration. See docs/SCHEDULING.md.
 """
 
-from backend.scheduling.batcher import BatchOutcome, DynamicBatcher
+from backend.scheduling.batcher import DynamicBatcher
+from backend.scheduling.delivery import BatchOutcome
 from backend.scheduling.errors import (
     BatcherClosed,
     DeadlineExpired,

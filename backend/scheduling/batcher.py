@@ -30,16 +30,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from backend.scheduling.cost import CostModel
-from backend.scheduling.errors import (
-    BatcherClosed,
-    DeadlineExpired,
-    QueueFull,
-    WouldMissDeadline,
-)
+from backend.scheduling.delivery import BatchOutcome, Outputs, compute_groups, deliver, fail
+from backend.scheduling.errors import BatcherClosed, DeadlineExpired, QueueFull, WouldMissDeadline
 from backend.scheduling.grouping import plan_groups
 from backend.scheduling.observer import BatchObserver, NullObserver
 from backend.scheduling.policy import SchedulePolicy
@@ -49,20 +44,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 log = logging.getLogger("backend.scheduling")
-
-
-@dataclass(frozen=True, slots=True)
-class BatchOutcome(Generic[R]):
-    """One request's results in its own order, with where its time went."""
-
-    results: list[R]
-    queue_s: float  # time in the batcher not spent computing this request's batches
-    compute_s: float  # compute time of the batches that carried its items
-    batch_size: int  # the largest batch that carried its items
-
-
-# What a worker hands back: per group its results and compute seconds.
-_Outputs = list[tuple[Sequence[object], float]]
 
 
 class DynamicBatcher(Generic[T, R]):
@@ -131,7 +112,7 @@ class DynamicBatcher(Generic[T, R]):
         if self._forming is not None:
             self._forming.cancel()
         for req in self._queue.drain():
-            _fail(req, BatcherClosed("shutting down"))
+            fail(req, BatcherClosed("shutting down"))
         if self._idle < self.workers:
             self._drained = asyncio.get_running_loop().create_future()
             await self._drained
@@ -244,13 +225,13 @@ class DynamicBatcher(Generic[T, R]):
             now = self._clock()
             for req in self._queue.expired(now):
                 self._observer.dropped(req.level, "expired")
-                _fail(req, DeadlineExpired("deadline passed while queued"))
+                fail(req, DeadlineExpired("deadline passed while queued"))
             if not (now_ok or self._window_closed(now)):
                 return
             batch, late = self._queue.take(now, self.max_batch_size, self.cost)
             for req in late:
                 self._observer.dropped(req.level, "late")
-                _fail(req, DeadlineExpired("its compute could not end before its deadline"))
+                fail(req, DeadlineExpired("its compute could not end before its deadline"))
             if not batch:
                 if late:
                     continue
@@ -271,16 +252,16 @@ class DynamicBatcher(Generic[T, R]):
                 self._idle += 1
                 self._ends.remove(end)
                 for slot in batch:
-                    _fail(slot.req, BatcherClosed(str(exc)))
+                    fail(slot.req, BatcherClosed(str(exc)))
                 return
 
     def _work(self, loop: asyncio.AbstractEventLoop, batch: list[Slot],
               bounds: list[tuple[int, int]], groups: list[list[T]], end: float) -> None:
         """In a worker thread: computes every group, then hands the outcome to the loop."""
-        outputs: _Outputs | None = None
+        outputs: Outputs | None = None
         error: BaseException | None = None
         try:
-            outputs = _compute_groups(self._compute, groups)
+            outputs = compute_groups(self._compute, groups)
         except Exception as exc:  # the callers get it
             error = exc
         except BaseException as exc:  # never strand the callers, whatever was raised
@@ -289,21 +270,21 @@ class DynamicBatcher(Generic[T, R]):
             loop.call_soon_threadsafe(self._finished, batch, bounds, outputs, error, end)
 
     def _finished(self, batch: list[Slot], bounds: list[tuple[int, int]],
-                  outputs: _Outputs | None, error: BaseException | None, end: float) -> None:
+                  outputs: Outputs | None, error: BaseException | None, end: float) -> None:
         """On the loop: delivers a batch's results, frees its worker, dispatches the next."""
         self._idle += 1
         self._ends.remove(end)
         try:
             if outputs is None:
                 for slot in batch:
-                    _fail(slot.req, error or RuntimeError("compute gave no result"))
+                    fail(slot.req, error or RuntimeError("compute gave no result"))
             else:
                 for (lo, hi), (results, compute_s) in zip(bounds, outputs, strict=True):
                     self._record(batch[lo:hi], results, compute_s)
         except Exception as exc:  # a bug here must not strand the batch's callers
             log.error("delivering a batch failed", exc_info=exc)
             for slot in batch:
-                _fail(slot.req, exc)
+                fail(slot.req, exc)
         if self._drained is not None and self._idle == self.workers:
             if not self._drained.done():
                 self._drained.set_result(None)
@@ -313,42 +294,4 @@ class DynamicBatcher(Generic[T, R]):
     def _record(self, group: list[Slot], results: Sequence[object], compute_s: float) -> None:
         self._observer.batch_computed(len(group), compute_s)
         self.cost.observe(sum(slot.size for slot in group), compute_s)
-        if len(results) != len(group):
-            error = RuntimeError(f"compute returned {len(results)} results for {len(group)} items")
-            for slot in group:
-                _fail(slot.req, error)
-            return
-        charged: set[int] = set()
-        now = self._clock()
-        for slot, result in zip(group, results, strict=True):
-            req = slot.req
-            if req.future.done():
-                continue
-            req.results[slot.index] = result
-            if id(req) not in charged:
-                charged.add(id(req))
-                req.compute_s += compute_s
-                req.batch_size = max(req.batch_size, len(group))
-            req.remaining -= 1
-            if req.remaining == 0:
-                queue_s = max(0.0, now - req.enqueued - req.compute_s)
-                self._observer.waited(req.level, queue_s)
-                req.future.set_result(
-                    BatchOutcome(req.results, queue_s, req.compute_s, req.batch_size))
-
-
-def _fail(req: Ticket, exc: BaseException) -> None:
-    if not req.future.done():
-        req.future.set_exception(exc)
-
-
-def _compute_groups(compute: Callable[[list[T]], Sequence[R]], groups: list[list[T]]
-                    ) -> _Outputs:
-    """Runs in the worker thread: one ``compute`` call per group, each timed."""
-    out: _Outputs = []
-    for items in groups:
-        started = time.perf_counter()
-        results = compute(items)
-        out.append((results, time.perf_counter() - started))
-    return out
-
+        deliver(group, results, compute_s, self._clock(), self._observer)
