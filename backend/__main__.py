@@ -77,6 +77,15 @@ def _add_serve(commands: Any) -> None:
                        help="UTF-8 bytes of text one request may carry (default: 2 MiB)")
     serve.add_argument("--default-timeout-ms", type=float,
                        help="deadline of requests without X-Request-Timeout-Ms (default: 30000)")
+    serve.add_argument("--priority-levels", type=int,
+                       help="scheduling priority levels, 1 the highest (default: 3)")
+    serve.add_argument("--default-priority", type=int,
+                       help="level of requests without a priority (default: 2)")
+    serve.add_argument("--max-batch-compute-ms", type=float,
+                       help="expected compute past which a batch takes no more items "
+                            "(default: 10 on CPU, unbounded on GPU; 0: unbounded)")
+    serve.add_argument("--fair-by", choices=["tokens", "texts"],
+                       help="what fairness between keys counts (default: tokens)")
     serve.add_argument("--client-max-size", type=int,
                        help="largest request body in bytes (default: 4 MiB)")
     serve.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
@@ -112,7 +121,8 @@ def _serve(args: argparse.Namespace) -> int:
     names = ("models_dir", "host", "port", "grpc_port", "device", "threads", "variant", "region",
              "zone", "max_batch_size", "max_queue_delay_ms", "max_queue_size",
              "max_items_per_request", "max_text_bytes_per_request", "default_timeout_ms",
-             "client_max_size", "log_level", "gpu_metrics_interval_s")
+             "client_max_size", "log_level", "gpu_metrics_interval_s", "priority_levels",
+             "default_priority", "max_batch_compute_ms", "fair_by")
     overrides = {name: getattr(args, name) for name in names}
     if overrides["models_dir"] is not None:
         overrides["models_dir"] = Path(overrides["models_dir"])

@@ -10,6 +10,7 @@ backend's own (``QueueFull`` -> ``Overloaded``, ``DeadlineExpired`` -> ``Deadlin
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -20,7 +21,6 @@ import numpy as np
 import numpy.typing as npt
 
 import backend
-from backend.batching import BatcherClosed, DeadlineExpired, DynamicBatcher, QueueFull
 from backend.coldstart import ColdStart
 from backend.errors import (
     BackendError,
@@ -33,6 +33,13 @@ from backend.limits import RequestLimits
 from backend.metrics import BackendMetrics
 from backend.model import Embedded, EmbeddingModel
 from backend.runtime import InferenceFailed
+from backend.scheduling import (
+    BatcherClosed,
+    DeadlineExpired,
+    DynamicBatcher,
+    QueueFull,
+    SchedulePolicy,
+)
 from backend.settings import ServeSettings
 
 SERVER_NAME = "edge-backend"
@@ -43,6 +50,8 @@ SERVER_NAME = "edge-backend"
 # 128 tokens 62.4 at batch 4, 54.7 at 32; 16 tokens 516.7 at batch 16, 220.1 at batch 1.
 # 512 is near the best at every length. GPUs gain from large calls: no cap there.
 CPU_CALL_TOKENS = 512
+# On a CPU, expected compute past which a batch takes no more items (settings.py).
+CPU_BATCH_COMPUTE_MS = 10.0
 
 log = logging.getLogger("backend.dataplane")
 
@@ -72,13 +81,14 @@ class ServedModel:
         self.max_items = min(settings.max_items_per_request, queue_size)
         self.limits = RequestLimits(max_items=self.max_items,
                                     max_text_bytes=settings.max_text_bytes_per_request)
-        # No max_queue_delay: a free worker takes the pending batch at once (batching.py).
+        on_cpu = model.runtime.device == "cpu"
+        self.policy = schedule_policy(settings, config.max_queue_delay_ms, queue_size, on_cpu)
         self.batcher: DynamicBatcher[str, Embedded] = DynamicBatcher(
             model.embed,
             max_batch_size=self.max_batch_size,
-            max_queue_size=queue_size,
+            policy=self.policy,
             size_of=model.size_of,
-            max_call_size=CPU_CALL_TOKENS if model.runtime.device == "cpu" else None,
+            max_call_size=CPU_CALL_TOKENS if on_cpu else None,
             workers=settings.workers,
             observer=metrics.observer(config.name),
             name=config.name,
@@ -88,6 +98,29 @@ class ServedModel:
         if model.load_s is not None:  # None: the caller loaded it (tests share sessions)
             self.cold.loaded(model.load_s)
         metrics.queue_depth.labels(config.name).set_function(lambda: self.batcher.depth)
+        for level in range(len(self.policy.levels)):
+            metrics.pending.labels(config.name, str(level + 1)).set_function(
+                functools.partial(self.batcher.depth_of, level))
+
+
+def schedule_policy(settings: ServeSettings, config_delay_ms: float, queue_size: int,
+                    on_cpu: bool) -> SchedulePolicy:
+    """A model's scheduling policy from the settings (``None`` values: the model's config)."""
+    delay_ms = settings.max_queue_delay_ms
+    budget_ms = settings.max_batch_compute_ms
+    if budget_ms is None:
+        budget_ms = CPU_BATCH_COMPUTE_MS if on_cpu else 0.0
+    return SchedulePolicy.uniform(
+        levels=settings.priority_levels,
+        max_queue_size=queue_size,
+        default_timeout_s=settings.default_timeout_ms / 1000.0,
+        queue_sizes=settings.priority_queue_sizes or (),
+        timeouts_s=[t / 1000.0 for t in settings.priority_timeouts_ms or ()],
+        default_priority=settings.default_priority,
+        fair_by=settings.fair_by,
+        max_queue_delay_s=(config_delay_ms if delay_ms is None else delay_ms) / 1000.0,
+        max_batch_compute_s=budget_ms / 1000.0,
+    )
 
 
 class DataPlane:
@@ -157,9 +190,12 @@ class DataPlane:
             )
         return served
 
-    async def embed(self, served: ServedModel, texts: Sequence[str], *, deadline: float
+    async def embed(self, served: ServedModel, texts: Sequence[str], *,
+                    deadline: float | None, priority: int = 0, key: str = ""
                     ) -> EmbedResult:
-        """Embeds ``texts`` through the model's batcher; ``deadline`` is ``time.monotonic()``.
+        """Embeds ``texts`` through the model's batcher at ``priority`` (0: the model's
+        default) for fairness key ``key``; ``deadline`` is ``time.monotonic()`` (None: the
+        priority level's default timeout).
 
         A request past the model's limits (``limits.py``) fails before it is tokenized.
         """
@@ -168,7 +204,9 @@ class DataPlane:
         if not served.ready:
             raise Unavailable(f"model {name!r} is not ready (warming up)", retry_after_s=1.0)
         try:
-            outcome = await served.batcher.submit(texts, timeout_s=deadline - time.monotonic())
+            outcome = await served.batcher.submit(
+                texts, timeout_s=None if deadline is None else deadline - time.monotonic(),
+                priority=priority, key=key)
         except QueueFull as exc:
             raise Overloaded(f"model {name!r}: {exc}", retry_after_s=exc.retry_after_s) from None
         except DeadlineExpired as exc:
@@ -199,8 +237,11 @@ class DataPlane:
                                       "lengths": list(self.settings.warmup_lengths),
                                       "batch_sizes": list(sizes)}
             try:
+                # Each warm-up call also teaches the scheduler what a batch costs, so that its
+                # first estimates (compute bound, deadlines) come from this machine.
                 seconds = await loop.run_in_executor(
-                    None, served.model.warm_up, self.settings.warmup_lengths, sizes
+                    None, served.model.warm_up, self.settings.warmup_lengths, sizes,
+                    served.batcher.cost.observe,
                 )
             except Exception as exc:
                 log.error("warm-up failed; model stays not ready",

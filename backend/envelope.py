@@ -47,10 +47,10 @@ def decode_json(body: bytes | memoryview) -> Any:
         raise BadRequest(f"malformed JSON: {exc}") from None
 
 
-def timeout_from_header(value: str | None, default_ms: float) -> float:
-    """Seconds the request may take, from ``X-Request-Timeout-Ms`` (or the default)."""
+def timeout_from_header(value: str | None) -> float | None:
+    """Seconds the request may take, from ``X-Request-Timeout-Ms`` (None: not given)."""
     if value is None:
-        return default_ms / 1000.0
+        return None
     try:
         ms = float(value)
     except ValueError:

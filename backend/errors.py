@@ -16,7 +16,8 @@ into these where they are called; messages never quote request text.
     ├── PayloadTooLarge (413, INVALID_ARGUMENT) body, or the texts in it, past a limit
     ├── UnsupportedMediaType (415)
     ├── Unavailable (503, UNAVAILABLE)          Retry-After: not ready, shutting down
-    │   └── Overloaded (503, RESOURCE_EXHAUSTED) Retry-After: the model's queue is full
+    │   └── Overloaded (503, UNAVAILABLE)       Retry-After: a full queue, or a deadline the
+    │                                           work ahead already outlasts
     ├── DeadlineExceeded (504, DEADLINE_EXCEEDED) the deadline passed before compute
     └── ClientDisconnected (499, CANCELLED)     the client left before its body arrived;
                                                 counted (499), not logged as an error
@@ -114,9 +115,9 @@ class Unavailable(BackendError):
 
 
 class Overloaded(Unavailable):
-    """The model's queue is full: shed at once rather than queued (gRPC: RESOURCE_EXHAUSTED)."""
-
-    grpc_code = "RESOURCE_EXHAUSTED"
+    """Shed at once rather than queued: the priority's queue is full, or the work ahead would
+    outlast the request's deadline. gRPC UNAVAILABLE (the retryable code, as Triton and the
+    issue have it; RESOURCE_EXHAUSTED stays for messages past a size limit)."""
 
 
 class DeadlineExceeded(BackendError):

@@ -72,8 +72,7 @@ async def infer(request: web.Request) -> web.Response:
     request[MODEL_LABEL] = "unknown"
     served = plane.get(request.match_info["model"], request.match_info.get("version"))
     request[MODEL_LABEL] = served.config.name
-    timeout_s = timeout_from_header(request.headers.get(TIMEOUT_HEADER),
-                                    plane.settings.default_timeout_ms)
+    header_s = timeout_from_header(request.headers.get(TIMEOUT_HEADER))
     check_content_type(request.headers.get(hdrs.CONTENT_TYPE))
     body = await read_body(request)
     parsed = oip.parse_infer_request(
@@ -83,7 +82,11 @@ async def infer(request: web.Request) -> web.Response:
         max_items=served.max_items,
         json_length=_json_length(request.headers.get(BINARY_HEADER)),
     )
-    result = await plane.embed(served, parsed.texts, deadline=started + timeout_s)
+    schedule = parsed.schedule
+    timeout_s = schedule.timeout_s(header_s)
+    result = await plane.embed(
+        served, parsed.texts, deadline=None if timeout_s is None else started + timeout_s,
+        priority=schedule.priority, key=schedule.fairness_key)
     encoded = oip.encode_infer_response(
         config=served.config,
         request=parsed,
@@ -108,8 +111,7 @@ async def embeddings(request: web.Request) -> web.Response:
     started = time.monotonic()
     plane = request.app[DATAPLANE]
     request[MODEL_LABEL] = "unknown"
-    timeout_s = timeout_from_header(request.headers.get(TIMEOUT_HEADER),
-                                    plane.settings.default_timeout_ms)
+    timeout_s = timeout_from_header(request.headers.get(TIMEOUT_HEADER))
     check_content_type(request.headers.get(hdrs.CONTENT_TYPE))
     parsed = openai.parse_embeddings_request(
         await read_body(request), max_items=plane.settings.max_items_per_request
@@ -119,7 +121,8 @@ async def embeddings(request: web.Request) -> web.Response:
     if parsed.dimensions is not None and parsed.dimensions != served.config.dim:
         raise BadRequest(f"'dimensions': model {served.config.name!r} returns "
                          f"{served.config.dim}-dimensional embeddings only")
-    result = await plane.embed(served, parsed.texts, deadline=started + timeout_s)
+    result = await plane.embed(
+        served, parsed.texts, deadline=None if timeout_s is None else started + timeout_s)
     encoded = openai.encode_embeddings_response(
         model=served.config.name,
         embeddings=result.embeddings,

@@ -6,6 +6,8 @@ time are split so that dashboards (and the gateway) can tell queueing delay from
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -54,6 +56,29 @@ class BackendMetrics:
         # Read from each batcher at scrape time (``DataPlane``): nothing to update per request.
         self.queue_depth = Gauge(
             "backend_queue_depth", "Items waiting to be batched.", ["model"], registry=reg,
+        )
+        # Per priority (Triton's pending request count, queue duration and REJECTED as the guide).
+        self.pending = Gauge(
+            "backend_pending_requests", "Items waiting to be batched, by priority level.",
+            ["model", "priority"], registry=reg,
+        )
+        self.queue_duration = Histogram(
+            "backend_queue_duration_seconds",
+            "Per request answered: time queued (not computing), by priority level.",
+            ["model", "priority"], buckets=LATENCY_BUCKETS, registry=reg,
+        )
+        # reason: expired (deadline passed while queued), late (could not finish in time when
+        # its turn came); both dropped before compute and answered 504 at once.
+        self.dropped = Counter(
+            "backend_requests_dropped_total",
+            "Requests dropped before compute, by priority level and reason.",
+            ["model", "priority", "reason"], registry=reg,
+        )
+        # reason: queue_full, deadline (the work ahead outlasts it); both 503 at once.
+        self.rejected = Counter(
+            "backend_requests_rejected_total",
+            "Requests refused on arrival, by priority level and reason.",
+            ["model", "priority", "reason"], registry=reg,
         )
         self.ready = Gauge(
             "backend_model_ready", "1 once the model is warmed up and serving.", ["model"],
@@ -104,9 +129,25 @@ class ModelBatchObserver:
     """Feeds one model's batcher events into the metrics (implements ``BatchObserver``)."""
 
     def __init__(self, metrics: BackendMetrics, model: str) -> None:
+        self._metrics = metrics
+        self._model = model
         self._compute = metrics.compute_seconds.labels(model)
         self._batch = metrics.batch_size.labels(model)
+        self._waits: dict[int, Any] = {}
 
     def batch_computed(self, size: int, compute_s: float) -> None:
         self._batch.observe(size)
         self._compute.observe(compute_s)
+
+    def waited(self, level: int, seconds: float) -> None:
+        child = self._waits.get(level)
+        if child is None:  # labels() once per level: this runs per request
+            child = self._waits[level] = self._metrics.queue_duration.labels(
+                self._model, str(level + 1))
+        child.observe(seconds)
+
+    def dropped(self, level: int, reason: str) -> None:
+        self._metrics.dropped.labels(self._model, str(level + 1), reason).inc()
+
+    def rejected(self, level: int, reason: str) -> None:
+        self._metrics.rejected.labels(self._model, str(level + 1), reason).inc()

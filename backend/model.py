@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -69,9 +69,11 @@ class EmbeddingModel:
         """A text's token count, estimated without tokenizing (for grouping by length)."""
         return self.tokenizer.estimate_length(text)
 
-    def warm_up(self, lengths: Sequence[int], batch_sizes: Sequence[int]) -> float:
+    def warm_up(self, lengths: Sequence[int], batch_sizes: Sequence[int],
+                on_call: Callable[[int, float], None] | None = None) -> float:
         """Runs every (length, batch size) pair once so that ONNX Runtime has allocated its
-        arenas and picked its kernels before real traffic; returns the seconds it took."""
+        arenas and picked its kernels before real traffic; returns the seconds it took.
+        ``on_call(tokens, seconds)`` hears each call's cost (the scheduler's first estimate)."""
         started = time.perf_counter()
         cls_sep = self.tokenizer.tokenize([""])[0]
         filler = self.tokenizer.tokenize(["hello"])[0][1:-1]
@@ -79,7 +81,10 @@ class EmbeddingModel:
             body = np.resize(filler, length - len(cls_sep)).astype(np.int64)
             ids = np.concatenate([cls_sep[:1], body, cls_sep[1:]])
             for batch in sorted(set(batch_sizes)):
+                call_started = time.perf_counter()
                 rows = self.compute([ids] * batch)
+                if on_call is not None:
+                    on_call(length * batch, time.perf_counter() - call_started)
                 if len(rows) != batch or rows[0].shape != (self.config.dim,):
                     raise RuntimeError(
                         f"model {self.name!r}: warm-up gave {len(rows)} rows of "

@@ -28,6 +28,7 @@ import orjson
 from backend.envelope import decode_json
 from backend.errors import BadRequest
 from backend.repository import ModelConfig, TensorSpec
+from backend.scheduling.params import NONE, ScheduleParams, parse_schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,7 @@ class InferRequest:
     outputs: tuple[str, ...] | None  # None: every output
     binary: frozenset[str] = frozenset()  # outputs to send as binary data
     binary_all: bool = False  # the request parameter binary_data_output: every output binary
+    schedule: ScheduleParams = NONE  # priority, timeout, fairness key
 
     def wants_binary(self, name: str) -> bool:
         """Whether output ``name`` goes out as binary data."""
@@ -106,7 +108,8 @@ def parse_infer_request(
         raise BadRequest(f"too many items: {len(texts)} texts; at most {max_items} per request")
     names = [*output_names, TOKEN_COUNT]
     outputs, binary_outputs = _parse_outputs(raw.get("outputs"), names)
-    return InferRequest(request_id, texts, outputs, binary_outputs, binary_all)
+    return InferRequest(request_id, texts, outputs, binary_outputs, binary_all,
+                        parse_schedule(parameters))
 
 
 def binary_chunks(inputs: list[Any], binary: memoryview) -> list[memoryview | None]:

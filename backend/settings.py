@@ -56,11 +56,28 @@ class ServeSettings:
     zone: str = ""
     # Batching overrides; None = the model's config.json value.
     max_batch_size: int | None = None
-    # Accepted (flag, env, config.json) so that existing configurations load, but it no longer
-    # holds anything: a free worker takes the pending batch at once (batching.py), so requests
-    # wait only while every worker is busy, and only until one frees up.
+    # The batch-forming window: when a worker frees up and fewer items wait than a full batch,
+    # the oldest may wait this long for company. A request that finds the worker idle and
+    # nothing queued is computed at once whatever this says (backend/scheduling/batcher.py).
     max_queue_delay_ms: float | None = None
+    # Items waiting per priority level (each level has its own bound; 503 beyond it).
     max_queue_size: int | None = None
+    # Scheduling (docs/SCHEDULING.md). Priority levels, 1 the highest (Triton's numbering); a
+    # request's priority 0 means default_priority, one past the lowest means the lowest.
+    priority_levels: int = 3
+    default_priority: int = 2
+    # Per level, highest first (a short list repeats its last value): the queue bound in items
+    # (None: max_queue_size for every level) and the timeout for requests that bring none
+    # (None: default_timeout_ms for every level).
+    priority_queue_sizes: tuple[int, ...] | None = None
+    priority_timeouts_ms: tuple[float, ...] | None = None
+    # What fairness between keys counts: "tokens" (compute; VTC) or "texts".
+    fair_by: str = "tokens"
+    # Expected compute (learned per token) past which a batch takes no more items, so that a
+    # request arriving behind it waits at most about one such batch. None: 10 ms on the CPU
+    # (batching gains 1.3-1.8x there, mostly by batch 4-8 of short texts), unbounded on a GPU;
+    # 0: unbounded.
+    max_batch_compute_ms: float | None = None
     # Texts one request may carry (also capped by the model's queue size); 400 beyond it.
     # With texts truncated to the model's max_seq_length (256 tokens for MiniLM), this is also
     # the bound on one request's compute: at most 256 x 256 tokens, so there is no token limit.
@@ -114,6 +131,17 @@ class ServeSettings:
         )
         _check(self.default_timeout_ms > 0, "default_timeout_ms", "must be > 0")
         _check(self.gpu_metrics_interval_s >= 0, "gpu_metrics_interval_s", "must be >= 0")
+        _positive("priority_levels", self.priority_levels)
+        _check(1 <= self.default_priority <= self.priority_levels, "default_priority",
+               f"must be a level, 1..{self.priority_levels}")
+        for size in self.priority_queue_sizes or ():
+            _positive("priority_queue_sizes", size)
+        _check(all(t > 0 for t in self.priority_timeouts_ms or ()), "priority_timeouts_ms",
+               "every timeout must be > 0")
+        _check(self.fair_by in ("tokens", "texts"), "fair_by",
+               f"{self.fair_by!r} is not tokens|texts")
+        _check(self.max_batch_compute_ms is None or self.max_batch_compute_ms >= 0,
+               "max_batch_compute_ms", "must be >= 0")
         _check(
             self.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
             "log_level", f"{self.log_level!r} is not DEBUG|INFO|WARNING|ERROR|CRITICAL",
@@ -154,8 +182,10 @@ def _coerce(name: str, type_name: str, raw: str) -> Any:
     try:
         if name == "models_dir":
             return Path(raw)
-        if name in ("warmup_lengths", "warmup_batch_sizes"):
+        if name in ("warmup_lengths", "warmup_batch_sizes", "priority_queue_sizes"):
             return tuple(int(part) for part in raw.split(",") if part.strip())
+        if name == "priority_timeouts_ms":
+            return tuple(float(part) for part in raw.split(",") if part.strip())
         if type_name.startswith("bool"):
             return raw.strip().lower() in ("1", "true", "yes", "on")
         if type_name.startswith("int"):

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 ORDER = ("policy", "cache", "backend", "latency", "gateway", "overload", "tenants",
          "resilience")
-BY_NAME = ("fuzz", "soak", "batch", "cpu", "providers", "openvino_env")  # long, never in "all"
+BY_NAME = ("fuzz", "soak", "batch", "cpu", "providers", "openvino_env", "sched")  # long
 
 
 def main(argv: Sequence[str] | None = None) -> int:

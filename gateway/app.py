@@ -48,6 +48,7 @@ from gateway.upstream import AiohttpTransport, Upstream
 from gateway.upstream.admission.control import Admission
 from gateway.upstream.grpc import GrpcTransport
 from gateway.upstream.health import HealthChecker
+from gateway.upstream.schedule import Schedule
 from gateway.upstream.transport import SchemeTransport
 from oip.openapi import handler as serve_document
 
@@ -214,8 +215,13 @@ def _pipeline(clock: Callable[[], float]) -> Callable[[web.Application], AsyncIt
         admission = Admission(settings.admission, observer=observer,
                               share=app[state.TENANTS].share)
         app[state.ADMISSION] = admission
-        upstream = Upstream(app[state.TRANSPORT], router, admission, settings.routing,
-                            observer=observer)
+        routing = settings.routing
+        # What every backend call carries: priority, the tenant's fairness key (docs/SCHEDULING.md).
+        schedule = Schedule(interactive=routing.backend_priority_interactive,
+                            batch=routing.backend_priority_batch, salt=routing.fairness_salt,
+                            tenant_priority=app[state.TENANTS].backend_priority)
+        upstream = Upstream(app[state.TRANSPORT], router, admission, routing, observer=observer,
+                            schedule=schedule)
         app[state.UPSTREAM] = upstream
         pipeline = Pipeline(policies=policies, cache=app[state.CACHE], upstream=upstream,
                             model_version=router.model_version, observer=observer,

@@ -4,9 +4,10 @@ access log).
 
 - Errors: every ``BackendError`` aborts the call with its ``grpc_code`` (``errors.py``) and
   the message REST would show; ``Retry-After`` travels as ``retry-after`` trailing metadata.
-- Deadlines: the call's gRPC deadline is the request's deadline (no deadline: the settings'
-  ``default_timeout_ms``). A call that grpcio cancels when its deadline passes is dropped from
-  the batcher like a REST request whose client left.
+- Scheduling: the call's gRPC deadline is the request's deadline, shortened by a ``timeout``
+  parameter (none: the priority level's default timeout); ``priority`` and ``fairness_key``
+  parameters as over REST (``backend/scheduling/params.py``). A call that grpcio cancels
+  when its deadline passes is dropped from the batcher like a REST request whose client left.
 - Metrics: ``backend_requests_total{protocol="grpc"}`` with the status REST would answer, so
   one error-rate query covers both protocols.
 - Timing: ``server-timing`` trailing metadata, the value of REST's ``Server-Timing`` header;
@@ -46,7 +47,6 @@ class InferenceService:
         self._requests = metrics.requests
         self._counted: dict[tuple[str, int], Any] = {}  # labels() once per model and status
         self._log_requests = log_requests
-        self._default_timeout_s = plane.settings.default_timeout_ms / 1000.0
 
     async def server_live(self, request: pb.ServerLiveRequest, context: Context
                           ) -> pb.ServerLiveResponse:
@@ -88,9 +88,13 @@ class InferenceService:
                 output_names=[t.name for t in config.outputs], max_items=served.max_items,
             )
             remaining = context.time_remaining()
-            timeout_s = self._default_timeout_s if remaining is None \
-                else min(remaining, MAX_TIMEOUT_MS / 1000.0)
-            result = await plane.embed(served, parsed.texts, deadline=started + timeout_s)
+            schedule = parsed.schedule
+            timeout_s = schedule.timeout_s(
+                None if remaining is None else min(remaining, MAX_TIMEOUT_MS / 1000.0))
+            result = await plane.embed(
+                served, parsed.texts,
+                deadline=None if timeout_s is None else started + timeout_s,
+                priority=schedule.priority, key=schedule.fairness_key)
             response = tensors.encode_infer_response(
                 config=config, request=parsed, embeddings=result.embeddings,
                 token_counts=result.token_counts,

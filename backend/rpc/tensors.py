@@ -19,6 +19,7 @@ import numpy.typing as npt
 from backend import oip
 from backend.errors import BadRequest
 from backend.repository import ModelConfig, TensorSpec
+from backend.scheduling.params import parse_schedule
 from oip import inference_pb2 as pb
 
 
@@ -59,7 +60,18 @@ def parse_infer_request(
             raise BadRequest(f"unknown output {output.name!r}: the model's outputs are "
                              f"{', '.join(names)}")
         wanted.append(output.name)
-    return oip.InferRequest(message.id or None, texts, tuple(wanted) if wanted else None)
+    return oip.InferRequest(message.id or None, texts, tuple(wanted) if wanted else None,
+                            schedule=parse_schedule(_values(message.parameters)))
+
+
+def _values(parameters: Mapping[str, pb.InferParameter]) -> dict[str, object]:
+    """A parameters map's plain values (whichever of the oneof is set)."""
+    out: dict[str, object] = {}
+    for name, parameter in parameters.items():
+        which = parameter.WhichOneof("parameter_choice")
+        if which is not None:
+            out[name] = getattr(parameter, which)
+    return out
 
 
 def _texts(elements: Sequence[bytes], count: int, name: str) -> list[str]:

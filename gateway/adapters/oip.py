@@ -10,6 +10,11 @@ Answers are JSON: requests for binary outputs (Triton's ``binary_data_output`` a
 returns JSON, which clients asking for binary data (tritonclient) read too, and such requests
 share cache entries with plain ones.
 
+Scheduling parameters (``priority``, ``timeout``, ``fairness_key``) are the gateway's to set
+(gateway/upstream/schedule.py): they are left out of the key and of what is sent as is; a
+client's ``priority`` may only lower its request's backend priority and its ``timeout``
+(microseconds) only shorten its deadline.
+
 Client data is never walked recursively: a tensor's ``data`` may nest at most as deep as its
 shape has dimensions (flat data is always accepted), checked with an explicit stack.
 """
@@ -17,6 +22,7 @@ shape has dimensions (flat data is always accepted), checked with an explicit st
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +34,7 @@ from gateway.pipeline import Fetched, FetchResult, Groups, Item, Result
 from gateway.pipeline.context import RequestContext
 from gateway.policy import Decision
 from gateway.upstream import Upstream
+from gateway.upstream.schedule import SCHEDULE_PARAMETERS, client_schedule
 
 MAX_TENSOR_ELEMENTS = 4096
 """A hard cap against huge flattened tensors; the policy's ``max_items`` is the real limit."""
@@ -54,6 +61,8 @@ class OipCall:
         out = {k: v for k, v in self.body.items() if k != "id"}
         out["inputs"] = inputs
         out = _without_parameter(out, "binary_data_output")  # the gateway answers JSON
+        for name in SCHEDULE_PARAMETERS:  # the gateway's to set, per call (schedule.py)
+            out = _without_parameter(out, name)
         if isinstance(out.get("outputs"), list):
             out["outputs"] = [_without_parameter(o, "binary_data") for o in out["outputs"]]
         return out
@@ -64,9 +73,13 @@ class OipCall:
 
     async def fetch(self, upstream: Upstream, ctx: RequestContext, decision: Decision,
                     indexes: Sequence[int]) -> FetchResult:
-        raw = await upstream.infer_raw(self.model, orjson.dumps(self.outgoing(decision)),
-                                       request_id=ctx.request_id, deadline=ctx.deadline,
-                                       tenant=ctx.tenant, priority=ctx.priority)
+        own_priority, own_timeout_s = client_schedule(self.body.get("parameters"))
+        deadline = ctx.deadline if own_timeout_s is None \
+            else min(ctx.deadline, time.monotonic() + own_timeout_s)
+        raw = await upstream.infer_raw(self.model, self.outgoing(decision),
+                                       request_id=ctx.request_id, deadline=deadline,
+                                       tenant=ctx.tenant, priority=ctx.priority,
+                                       route=ctx.route, client_priority=own_priority)
         try:
             answer = orjson.loads(raw.body)
         except orjson.JSONDecodeError:
@@ -139,6 +152,11 @@ def parse_oip(data: dict[str, Any], model: str) -> OipCall:
         raise ValidationFailed("id", "must be a string")
     if "parameters" in data and not isinstance(data["parameters"], dict):
         raise ValidationFailed("parameters", "must be an object")
+    for name in ("priority", "timeout"):
+        value = (data.get("parameters") or {}).get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value <= 1 << 40):
+            raise ValidationFailed(f"parameters.{name}", "must be a non-negative integer")
     outputs = data.get("outputs")
     if outputs is not None and (not isinstance(outputs, list) or not all(
             isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs)):

@@ -64,7 +64,8 @@ class TextCall:
         parts = await asyncio.gather(*(
             upstream.infer_texts(self.model, part, request_id=ctx.request_id,
                                  deadline=ctx.deadline, tenant=ctx.tenant,
-                                 priority=ctx.priority) for part in backend_batches(texts)))
+                                 priority=ctx.priority, route=ctx.route)
+            for part in backend_batches(texts)))
         items: list[Fetched] = []
         for part in parts:
             n = len(part.embeddings)

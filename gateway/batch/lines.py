@@ -38,6 +38,7 @@ from gateway.pipeline.context import RequestContext
 from gateway.settings import Settings
 from gateway.telemetry.observer import NullObserver, Observer
 from gateway.tenants.quota.limiter import QuotaGate
+from gateway.upstream.admission.fairqueue import BATCH
 
 _TRANSIENT = (Overloaded, DeadlineExceeded, BadGateway)
 
@@ -97,8 +98,9 @@ class LineRunner:
         charge: LineCharge | None = None
         try:
             call = BY_PATH[endpoint].parse(body, self._parsing)
+            # Batch lines go at the lowest priority, in the gateway's queue and the backend's.
             ctx = RequestContext(
-                request_id=rid, route=endpoint, tenant=tenant,
+                request_id=rid, route=endpoint, tenant=tenant, priority=BATCH,
                 deadline=time.monotonic() + self._settings.max_timeout_ms / 1000.0)
             if gate is not None and quota is not None:  # as the HTTP handlers do
                 await quota.admit()

@@ -129,6 +129,15 @@ class RoutingSettings:
     ``min_weight_percent``)."""
     ewma_alpha: float = 0.3
     """Weight of the newest latency sample in each backend's EWMA."""
+    backend_priority_interactive: int = 1
+    """Backend scheduling priority (1 highest) of interactive calls, unless the tenants file
+    says otherwise for the tenant or route (docs/SCHEDULING.md)."""
+    backend_priority_batch: int = 3
+    """Backend scheduling priority of batch-class calls and Batch API lines (the backend's
+    lowest level by default; a number past its lowest is served at its lowest)."""
+    fairness_salt: str = ""
+    """Key of the hash that makes each tenant's fairness key (set it to keep tenant ids from
+    being guessed from the keys a backend sees)."""
     max_inflight_per_backend: int | None = None
     """A backend with this many calls in flight counts as saturated and the balancer fails over
     to the next tier; unset for no limit."""
@@ -184,6 +193,8 @@ class RoutingSettings:
                 f"(got {self.max_ejection_s})"
             )
         check.at_least("unhealthy_threshold", self.unhealthy_threshold, 1)
+        check.at_least("backend_priority_interactive", self.backend_priority_interactive, 1)
+        check.at_least("backend_priority_batch", self.backend_priority_batch, 1)
         check.at_least("consecutive_5xx", self.consecutive_5xx, 0)
         check.at_least("consecutive_gateway_failure", self.consecutive_gateway_failure, 0)
         check.at_least("success_rate_minimum_hosts", self.success_rate_minimum_hosts, 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gateway.tasks import stop_task
@@ -72,6 +72,12 @@ class TenantStore:
         """(weight, priority class): what admission's fair queue asks on every call."""
         spec = self._tenants.spec(tenant)
         return spec.weight, spec.priority
+
+    def backend_priority(self, tenant: str) -> tuple[Priority, int | None, Mapping[str, int]]:
+        """(class, backend priority, per-route priorities) the tenants file sets for
+        ``tenant``: what each backend call's scheduling priority is made of."""
+        spec = self._tenants.spec(tenant)
+        return spec.priority, spec.backend_priority, spec.route_priority
 
     def _stat(self) -> _Stamp:
         if self._path is None:

@@ -4,7 +4,8 @@ Each call: the router picks a backend (nearest tier, P2C), admission grants a sl
 (failing over to the next tier when a tier would shed), the request goes out with
 ``X-Request-Id``, ``X-Request-Timeout-Ms`` (the time this try has: the per-try timeout within
 the request's deadline) and ``X-Attempt-Count`` (1, then 2... on retries, as Envoy's
-``x-envoy-attempt-count``), and the answer is checked before anyone sees it.
+``x-envoy-attempt-count``), its body's ``parameters`` carry the backend scheduling priority and
+the tenant's fairness key (schedule.py), and the answer is checked before anyone sees it.
 
 A try that fails in a way the retry policy retries (retry.py: connection failures, resets,
 per-try timeouts, the configured 5xx answers; never a 4xx) is retried up to ``num_retries``
@@ -36,6 +37,8 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import orjson
+
 from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
 from gateway.routing.backends import BackendState
 from gateway.routing.balancer import BackendResult, Router
@@ -46,6 +49,7 @@ from gateway.upstream.admission.control import PUBLIC, Admission, Slot
 from gateway.upstream.admission.fairqueue import INTERACTIVE, Priority
 from gateway.upstream.results import InferResult, RawResult
 from gateway.upstream.retry import RetryBudget, RetryPolicy
+from gateway.upstream.schedule import Schedule
 from gateway.upstream.transport import (
     ConnectError,
     ReadTimeout,
@@ -99,8 +103,13 @@ class Upstream:
         *,
         observer: Observer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        schedule: Schedule | None = None,
     ) -> None:
         self._transport = transport
+        self.schedule = schedule or Schedule(
+            interactive=settings.backend_priority_interactive,
+            batch=settings.backend_priority_batch, salt=settings.fairness_salt)
+        """Each call's backend priority and fairness key."""
         self._router = router
         self._admission = admission
         self._settings = settings
@@ -118,12 +127,13 @@ class Upstream:
 
     async def infer_texts(
         self, model: str, texts: Sequence[str], *, request_id: str, deadline: float,
-        tenant: str = PUBLIC, priority: Priority = INTERACTIVE,
+        tenant: str = PUBLIC, priority: Priority = INTERACTIVE, route: str = "",
     ) -> InferResult:
         """Embeddings for ``texts`` (float32 ``[n, dim]``) from the best backend; ``tenant`` and
-        ``priority`` place the call in admission's fair queue."""
+        ``priority`` place the call in admission's fair queue and, with ``route``, in the
+        backend's (schedule.py)."""
         n = len(texts)
-        body = infer_request_body(texts)
+        body = infer_request_body(texts, self.schedule.params(tenant, route, priority))
         self._observer.upstream_batch(n)
 
         def decode(reply: _Reply) -> InferResult:
@@ -140,17 +150,23 @@ class Upstream:
         )
 
     async def infer_raw(
-        self, model: str, body: bytes, *, request_id: str, deadline: float,
-        tenant: str = PUBLIC, priority: Priority = INTERACTIVE,
+        self, model: str, body: Mapping[str, Any], *, request_id: str, deadline: float,
+        tenant: str = PUBLIC, priority: Priority = INTERACTIVE, route: str = "",
+        client_priority: int = 0,
     ) -> RawResult:
-        """OIP passthrough: the backend's 2xx/4xx answer as is; 5xx map to gateway errors."""
+        """OIP passthrough of ``body`` (an infer request object, without the scheduling
+        parameters: the client's own ``priority`` comes as ``client_priority`` and may only
+        lower the call's); the backend's 2xx/4xx answer as is; 5xx map to gateway errors."""
+        params = {**(body.get("parameters") or {}),
+                  **self.schedule.params(tenant, route, priority, client_priority)}
+        raw = orjson.dumps({**body, "parameters": params})
 
         def decode(reply: _Reply) -> RawResult:
             return RawResult(reply.status, reply.body, reply.headers, reply.state.name,
                              reply.state.spec.zone, reply.latency_s)
 
         return await self._exchange(
-            f"/v2/models/{model}/infer", body, request_id=request_id, deadline=deadline,
+            f"/v2/models/{model}/infer", raw, request_id=request_id, deadline=deadline,
             decode=decode, who=(tenant, priority),
         )
 

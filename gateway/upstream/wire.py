@@ -52,15 +52,18 @@ BINARY_HEADER = "Inference-Header-Content-Length"
 _BINARY_DTYPES = {"FP32": np.dtype("<f4"), "INT32": np.dtype("<i4")}
 
 
-def infer_request_body(texts: Sequence[str]) -> bytes:
-    """An OIP infer request with the texts as one BYTES tensor ``text`` of shape [n].
+def infer_request_body(texts: Sequence[str], parameters: Mapping[str, Any] | None = None
+                       ) -> bytes:
+    """An OIP infer request with the texts as one BYTES tensor ``text`` of shape [n], and
+    ``parameters`` (the scheduling ones: schedule.py) besides ``binary_data_output``.
 
     It asks for every output as binary data (Triton's ``binary_data_output``): raw float32 is
     read with one copy where 384 floats in JSON took longer to parse than the rest of a miss.
     A server that ignores the parameter answers JSON, which ``parse_embeddings`` reads too.
     """
     tensor = {"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": list(texts)}
-    return orjson.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}})
+    return orjson.dumps({"inputs": [tensor],
+                         "parameters": {"binary_data_output": True, **(parameters or {})}})
 
 
 def retry_after(headers: Mapping[str, str]) -> float:

@@ -299,17 +299,26 @@ async def test_texts_split_across_batches_come_back_in_order(
     assert np.min((got * want).sum(1)) >= 0.9999
 
 
-async def test_a_configured_delay_never_holds_a_request_while_the_worker_is_free(
+async def test_the_forming_window_never_holds_a_request_that_finds_the_worker_idle(
     models: list[EmbeddingModel],
 ) -> None:
-    # A minute of max_queue_delay_ms: were it applied, these would time out.
+    # max_queue_delay_ms is the batch-forming window while work waits: a request that finds
+    # the worker idle and nothing queued goes at once (a minute here: held, it would time out).
     async with serving(models, max_batch_size=4, max_queue_delay_ms=60_000) as client:
         _, alone = await asyncio.wait_for(infer(client, ["alone"]), timeout=30)
+        _, again = await asyncio.wait_for(infer(client, ["alone again"]), timeout=30)
+    assert alone["parameters"]["batch_size"] == again["parameters"]["batch_size"] == 1
+
+
+async def test_the_forming_window_lets_a_backlog_fill_its_batch(
+    models: list[EmbeddingModel],
+) -> None:
+    async with serving(models, max_batch_size=4, max_queue_delay_ms=300) as client:
         together = await asyncio.wait_for(
-            asyncio.gather(*(infer(client, [f"t{i}"]) for i in range(6))), timeout=30
+            asyncio.gather(*(infer(client, [f"t{i}"]) for i in range(9))), timeout=30
         )
-    assert alone["parameters"]["batch_size"] == 1
-    assert all(1 <= body["parameters"]["batch_size"] <= 4 for _, body in together)
+    sizes = [body["parameters"]["batch_size"] for _, body in together]
+    assert all(1 <= size <= 4 for size in sizes) and max(sizes) > 1, sizes
 
 
 async def test_queue_full_answers_503_with_retry_after(models: list[EmbeddingModel]) -> None:
@@ -328,7 +337,7 @@ async def test_queue_full_answers_503_with_retry_after(models: list[EmbeddingMod
         assert metric(text, "backend_requests_total", model="minilm", status="503") >= 1
 
 
-async def test_expired_request_is_answered_504_and_never_computed(
+async def test_a_request_the_work_ahead_would_outlast_is_refused_at_once_never_computed(
     models: list[EmbeddingModel],
 ) -> None:
     async with serving(models, max_batch_size=2) as client:
@@ -339,15 +348,18 @@ async def test_expired_request_is_answered_504_and_never_computed(
             if metric(text, "backend_queue_depth", model="minilm") > 0:
                 break
             await asyncio.sleep(0.002)
-        # Its 20 ms run out while the big request's batches (2 x 256 tokens each) compute;
-        # length grouping keeps the big request's own texts together, oldest first.
+        # Its 20 ms are less than the big request's batches still to run (2 x 256 tokens
+        # each, at the cost learned in warm-up): told at once, not when the 20 ms are up.
         late = await client.post("/v2/models/minilm/infer", json=infer_body(["late"]),
                                  headers={"X-Request-Timeout-Ms": "20"})
-        assert late.status == 504
+        assert late.status == 503 and int(late.headers["Retry-After"]) >= 1
         assert "deadline" in (await late.json())["error"]
         await big
-        after = metric(await (await client.get("/metrics")).text(), "backend_batch_size_sum")
+        text = await (await client.get("/metrics")).text()
+        after = metric(text, "backend_batch_size_sum")
         assert after - before == 4  # the big request's texts only
+        assert metric(text, "backend_requests_rejected_total", model="minilm", priority="2",
+                      reason="deadline") == 1
 
 
 async def test_not_ready_while_warming_up(models: list[EmbeddingModel]) -> None:

@@ -4,6 +4,9 @@
 defaults:                 # every tenant's, unless it sets its own (each key may be left out)
   weight: 1               # its share of a busy tier's backend slots, against the others'
   priority: interactive   # interactive | batch (batch waits while interactive calls queue)
+  backend_priority: 1     # the backend scheduling priority of its calls (1 highest);
+                          # default: routing.backend_priority_interactive / _batch by class
+  route_priority: {"/v1/rank": 2}   # per route, over backend_priority
   quota:
     requests_per_s: 20    # sustained rate...
     requests_burst: 40    # ...and how many may come at once (default: one second's worth)
@@ -35,7 +38,8 @@ Problem = Callable[[list[str | int], str], None]
 
 QUOTA_FIELDS = ("requests_per_s", "requests_burst", "texts_per_s", "texts_burst",
                 "texts_per_day")
-SPEC_FIELDS = ("weight", "priority", "quota")
+SPEC_FIELDS = ("weight", "priority", "quota", "backend_priority", "route_priority")
+MAX_BACKEND_PRIORITY = 1 << 20  # what the backend accepts (backend/scheduling/params.py)
 MAX_WEIGHT = 1000.0
 MIN_WEIGHT = 0.001
 
@@ -79,6 +83,12 @@ class TenantSpec:
     """``interactive`` or ``batch``: batch calls wait while interactive ones queue."""
     quota: Quota = field(default_factory=Quota)
     """Rate and daily limits (none by default)."""
+    backend_priority: int | None = None
+    """The backend scheduling priority of its calls (1 highest, Triton's numbering); None:
+    the gateway's number for its class (``upstream.schedule``). Docs: docs/SCHEDULING.md."""
+    route_priority: Mapping[str, int] = field(default_factory=dict)
+    """Per route (``/v1/embeddings``, ``/v2/models/{name}/infer``...), overriding
+    ``backend_priority`` there."""
 
 
 def _number(value: object) -> bool:
@@ -130,4 +140,24 @@ def parse_spec(data: Mapping[str, Any], where: list[str | int], base: TenantSpec
             spec = replace(spec, priority=priority)
     if "quota" in data:
         spec = replace(spec, quota=_quota(data["quota"], [*where, "quota"], spec.quota, problem))
+    if "backend_priority" in data:
+        value = data["backend_priority"]
+        if _backend_priority(value, [*where, "backend_priority"], problem):
+            spec = replace(spec, backend_priority=value)
+    if "route_priority" in data:
+        routes = data["route_priority"]
+        if not isinstance(routes, dict) or not all(isinstance(k, str) for k in routes):
+            problem([*where, "route_priority"], "expected a mapping of route to priority")
+        elif all(_backend_priority(v, [*where, "route_priority", k], problem)
+                 for k, v in routes.items()):
+            spec = replace(spec, route_priority=dict(routes))
     return spec
+
+
+def _backend_priority(value: object, where: list[str | int], problem: Problem) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or not 1 <= value <= MAX_BACKEND_PRIORITY:
+        problem(where, f"must be an integer from 1 (highest) to {MAX_BACKEND_PRIORITY} "
+                       f"(got {value!r})")
+        return False
+    return True

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import numpy as np
 
-from tests.gateway.conftest import BackendProc, GatewayFactory
+from tests.gateway.conftest import BackendProc, GatewayFactory, metric_value
 
 
 def infer_body(texts: list[str], **extra: Any) -> dict[str, Any]:
@@ -85,3 +86,50 @@ async def test_binary_output_requests_get_json_and_share_the_cache(
     assert resp.headers["X-Cache"] == "HIT"
     assert (await resp.json())["outputs"] == first["outputs"]
     assert backend.requests_total() == before + 1
+
+
+def backend_served(backend: BackendProc, priority: str) -> float:
+    text = httpx.get(f"{backend.url}/metrics", timeout=5).text
+    return metric_value(text, "backend_queue_duration_seconds_count", model="minilm",
+                        priority=priority)
+
+
+async def test_the_backend_priority_is_the_gateways_and_a_client_may_only_lower_it(
+    gateway: GatewayFactory, backend: BackendProc,
+) -> None:
+    client = await gateway()
+    before = {p: backend_served(backend, p) for p in ("1", "2", "3")}
+    # No priority of its own: the interactive number (1), not the backend's default (2).
+    resp = await client.post("/v2/models/minilm/infer", json=infer_body(["sched one"]))
+    assert resp.status == 200
+    # Asking for a lower priority (3) is honoured ...
+    resp = await client.post("/v2/models/minilm/infer",
+                             json=infer_body(["sched two"], parameters={"priority": 3}))
+    assert resp.status == 200
+    # ... and a client's fairness key or a higher priority than its own is never passed on.
+    resp = await client.post("/v2/models/minilm/infer", json=infer_body(
+        ["sched three"], parameters={"priority": 1, "fairness_key": "someone-else"}))
+    assert resp.status == 200
+    after = {p: backend_served(backend, p) for p in ("1", "2", "3")}
+    assert after["1"] - before["1"] == 2
+    assert after["3"] - before["3"] == 1
+    assert after["2"] == before["2"]
+
+
+async def test_scheduling_parameters_stay_out_of_the_key(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    first = await client.post("/v2/models/minilm/infer",
+                              json=infer_body(["sched key"], parameters={"priority": 2}))
+    assert first.headers["X-Cache"] == "MISS"
+    again = await client.post("/v2/models/minilm/infer", json=infer_body(
+        ["sched key"], parameters={"priority": 3, "timeout": 900_000_000}))
+    assert again.headers["X-Cache"] == "HIT"
+
+
+async def test_a_bad_scheduling_parameter_is_422(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    for bad in ({"priority": -1}, {"priority": "high"}, {"timeout": 1.5}):
+        resp = await client.post("/v2/models/minilm/infer",
+                                 json=infer_body(["x"], parameters=bad))
+        assert resp.status == 422, bad
+        assert "parameters." in (await resp.json())["error"]["message"]

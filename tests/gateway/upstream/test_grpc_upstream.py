@@ -189,3 +189,22 @@ async def test_a_killed_grpc_backend_fails_over_to_a_rest_one_with_no_failed_req
         await one(i)
     assert failures == [], f"requests failed during failover: {failures}"
     assert far.requests_total() == 60, "every request after the kill is served by the far one"
+
+
+async def test_the_backend_priority_travels_over_grpc_too(gateway: GatewayFactory,
+                                                          both: GrpcBackend) -> None:
+    over_grpc = await gateway(backends=[both.grpc_url])
+
+    def served(priority: str) -> float:
+        text = httpx.get(f"{both.proc.url}/metrics", timeout=5).text
+        return metric_value(text, "backend_queue_duration_seconds_count", model="minilm",
+                            priority=priority)
+
+    before = served("1"), served("3")
+    resp = await over_grpc.post("/v1/embeddings", headers=NO_STORE,
+                                json={"model": "minilm", "input": "priority over grpc"})
+    assert resp.status == 200
+    resp = await over_grpc.post("/v2/models/minilm/infer", headers=NO_STORE, json=infer_body(
+        ["lowered over grpc"], parameters={"priority": 3, "fairness_key": "forged"}))
+    assert resp.status == 200, await resp.text()
+    assert (served("1"), served("3")) == (before[0] + 1, before[1] + 1)

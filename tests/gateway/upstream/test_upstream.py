@@ -272,7 +272,7 @@ async def test_hedge_after_p95_takes_the_first_answer_and_cancels_the_loser(
 async def test_raw_passthrough_and_get(build: Build, fakes: Any) -> None:
     backend = await fakes()
     rig = await build([(backend, "a")])
-    body = b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["hi"]}]}'
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}
     raw = await rig.upstream.infer_raw("minilm", body, request_id="r",
                                        deadline=time.monotonic() + 5)
     assert raw.status == 200 and b'"embedding"' in raw.body

@@ -150,7 +150,7 @@ async def test_a_4xx_is_never_retried(code: int) -> None:
         "5xx", "gateway-error", "reset", "connect-failure", "retriable-status-codes"))
     with pytest.raises(BadGateway, match=f"answered {code}"):
         await r.embed()
-    raw = await r.upstream.infer_raw("minilm", b"{}", request_id="r",
+    raw = await r.upstream.infer_raw("minilm", {}, request_id="r",
                                      deadline=r.clock() + 5)
     assert raw.status == code  # the OIP passthrough renders it as it is
     assert r.hosts.hosts() == ["near", "near"]

@@ -1,0 +1,297 @@
+"""Dynamic batching over the scheduled queue: requests in, batches to worker threads, results
+back in each request's order.
+
+Callers ``await batcher.submit(items, priority=, key=, timeout_s=)``; model code only ever sees
+``compute(list_of_items) -> results``, run in a worker thread, off the event loop. What each
+batch holds is the queue's choice (``queue.py``: priority, then fairness, then deadlines and the
+compute bound); the batcher decides when a batch goes:
+
+- A request that finds a worker idle and nothing waiting is computed at once, alone if alone.
+- When a worker frees up and fewer items wait than a full batch, the oldest may wait up to
+  ``max_queue_delay`` for company (by then it has usually waited that long already while the
+  worker was busy, so it goes at once); a full batch goes at once.
+- Refused at once, never queued: a level whose queue is full (``QueueFull``), and a request
+  whose fair share of the work ahead, at the learned cost, outlasts its deadline
+  (``WouldMissDeadline``). Dropped before compute and answered at once: a request whose deadline
+  passes while queued (a timer per request), or which could not finish even alone when its turn
+  comes (``DeadlineExpired``); a cancelled caller's items.
+
+Hand-offs, per batch: one ``executor.submit`` to a worker thread and one
+``call_soon_threadsafe`` back, which resolves the callers' futures and dispatches the next
+batch in the same callback: a lone request costs one thread hand-off each way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+from backend.scheduling.cost import CostModel
+from backend.scheduling.delivery import BatchOutcome, Outputs, compute_groups, deliver, fail
+from backend.scheduling.errors import BatcherClosed, DeadlineExpired, QueueFull, WouldMissDeadline
+from backend.scheduling.grouping import plan_groups
+from backend.scheduling.observer import BatchObserver, NullObserver
+from backend.scheduling.policy import SchedulePolicy
+from backend.scheduling.queue import ScheduleQueue, Slot, Ticket
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+log = logging.getLogger("backend.scheduling")
+
+
+class DynamicBatcher(Generic[T, R]):
+    """Batches items from concurrent ``submit`` calls into ``compute`` calls; see module doc."""
+
+    def __init__(
+        self,
+        compute: Callable[[list[T]], Sequence[R]],
+        *,
+        max_batch_size: int,
+        max_queue_size: int = 1024,
+        policy: SchedulePolicy | None = None,
+        size_of: Callable[[T], int] = lambda _: 1,
+        workers: int = 1,
+        split_cost: float = 32.0,
+        max_call_size: int | None = None,
+        observer: BatchObserver | None = None,
+        name: str = "batcher",
+        clock: Callable[[], float] = time.monotonic,
+        cost: CostModel | None = None,
+    ) -> None:
+        if max_batch_size < 1 or workers < 1:
+            raise ValueError("batch size and workers must be >= 1")
+        self.policy = policy or SchedulePolicy.uniform(
+            max_queue_size=max_queue_size, default_timeout_s=30.0)
+        self.max_batch_size = max_batch_size
+        self.workers = workers
+        self.cost = cost or CostModel()
+        self._queue = ScheduleQueue(self.policy)
+        self._compute = compute
+        self._size_of = size_of
+        self._split_cost = split_cost
+        self._max_call_size = max_call_size
+        self._observer: BatchObserver = observer or NullObserver()
+        self._clock = clock
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"{name}-compute")
+        self._idle = workers
+        self._ends: list[float] = []  # expected end of each running batch
+        self._forming: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drained: asyncio.Future[None] | None = None
+        self._closed = False
+        self._seq = itertools.count()
+
+    @property
+    def depth(self) -> int:
+        """Items waiting (not yet in a batch)."""
+        return self._queue.depth
+
+    def depth_of(self, level: int) -> int:
+        """Items waiting at 0-based ``level``."""
+        return self._queue.levels[level].items
+
+    @property
+    def busy_workers(self) -> int:
+        """Workers computing a batch now."""
+        return self.workers - self._idle
+
+    def start(self) -> None:
+        """Binds the batcher to the running event loop; call from inside it before ``submit``."""
+        self._loop = asyncio.get_running_loop()
+
+    async def close(self) -> None:
+        """Fails what is still queued with ``BatcherClosed``, waits for running batches."""
+        self._closed = True
+        if self._forming is not None:
+            self._forming.cancel()
+        for req in self._queue.drain():
+            fail(req, BatcherClosed("shutting down"))
+        if self._idle < self.workers:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+        self._executor.shutdown(wait=False)
+
+    def estimated_wait_s(self) -> float:
+        """Rough time to drain the queue, from the learned cost."""
+        return self.cost.estimate(self._queue.tokens) / self.workers
+
+    async def submit(self, items: Sequence[T], *, timeout_s: float | None = None,
+                     priority: int = 0, key: str = "") -> BatchOutcome[R]:
+        """Queues ``items`` at ``priority`` (0: the default) for fairness key ``key`` and waits
+        for their results, in order. ``timeout_s`` None: the level's default timeout.
+
+        Raises ``QueueFull`` (or ``WouldMissDeadline``) at once when refused,
+        ``DeadlineExpired`` when the deadline passes first or cannot be met, ``BatcherClosed``
+        on shutdown, and whatever ``compute`` raised for a batch that carried them.
+        """
+        if self._closed:
+            raise BatcherClosed("shutting down")
+        n = len(items)
+        if not n:
+            return BatchOutcome([], 0.0, 0.0, 0)
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("DynamicBatcher.start() was not called")
+        level = self.policy.level_of(priority)
+        rules = self.policy.levels[level]
+        waiting = self._queue.levels[level].items
+        if waiting + n > rules.max_queue_size:
+            self._observer.rejected(level, "queue_full")
+            raise QueueFull(f"queue full: {waiting} of {rules.max_queue_size} items waiting "
+                            f"at priority {level + 1}", self.estimated_wait_s())
+        timeout = rules.default_timeout_s if timeout_s is None else timeout_s
+        if timeout <= 0:
+            self._observer.dropped(level, "expired")
+            raise DeadlineExpired("deadline passed before queueing")
+        now = self._clock()
+        sizes = [self._size_of(item) for item in items]
+        expected = self._expected_s(level, key, sum(sizes), now)
+        if expected > timeout:
+            self._observer.rejected(level, "deadline")
+            raise WouldMissDeadline(
+                f"expected wait and compute {expected * 1000:.0f} ms exceed the deadline of "
+                f"{timeout * 1000:.0f} ms", expected)
+        future: asyncio.Future[BatchOutcome[R]] = loop.create_future()
+        req = Ticket(n, level=level, key=key, deadline=now + timeout, enqueued=now,
+                     seq=next(self._seq), future=future)
+        was_empty = self._queue.depth == 0
+        size_iter = iter(sizes)
+        self._queue.push(req, items, lambda _: next(size_iter))
+        if self._idle and (was_empty or self._full()):
+            self._dispatch(now_ok=True)  # an idle worker takes it now, not a loop turn later
+        elif self._idle and self._forming is None:
+            self._dispatch()
+        # One timer handle, not asyncio.timeout's task cancellation: it fails the future.
+        timer = None if future.done() else loop.call_later(timeout, self._expire, req, timeout)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._queue.remove(req)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expected_s(self, level: int, key: str, tokens: int, now: float) -> float:
+        """Wait plus compute for a new request, at its fair share of the work ahead."""
+        if not self.cost.learned:
+            return 0.0
+        running = 0.0 if self._idle else max(0.0, min(self._ends, default=now) - now)
+        ahead = self._queue.tokens_ahead(level, key, tokens)
+        return running + self.cost.estimate(ahead) / self.workers
+
+    def _full(self) -> bool:
+        budget = self.policy.max_batch_compute_s
+        return self._queue.depth >= self.max_batch_size or bool(
+            budget and self.cost.estimate(self._queue.tokens) - self.cost.overhead_s >= budget)
+
+    def _expire(self, req: Ticket, timeout_s: float) -> None:
+        """The request's deadline passed before all its results came: answered now."""
+        if not req.future.done():
+            queued = req.queued > 0
+            self._queue.remove(req)
+            if queued:
+                self._observer.dropped(req.level, "expired")
+            req.future.set_exception(
+                DeadlineExpired(f"deadline of {timeout_s * 1000:.0f} ms passed"))
+
+    def _window_closed(self, now: float) -> bool:
+        """Whether a non-full batch may go now (the forming window has passed)."""
+        delay = self.policy.max_queue_delay_s
+        oldest = self._queue.oldest_enqueued()
+        if not delay or oldest is None or self._full() or now >= oldest + delay:
+            return True
+        loop = self._loop
+        if self._forming is None and loop is not None:
+            self._forming = loop.call_later(oldest + delay - now, self._window_ends)
+        return False
+
+    def _window_ends(self) -> None:
+        self._forming = None
+        self._dispatch(now_ok=True)
+
+    def _dispatch(self, *, now_ok: bool = False) -> None:
+        """Hands batches to idle workers while both exist (on the event loop); unless
+        ``now_ok``, a batch that is not full waits for the forming window."""
+        loop = self._loop
+        while loop is not None and self._idle and self._queue.depth and not self._closed:
+            now = self._clock()
+            for req in self._queue.expired(now):
+                self._observer.dropped(req.level, "expired")
+                fail(req, DeadlineExpired("deadline passed while queued"))
+            if not (now_ok or self._window_closed(now)):
+                return
+            batch, late = self._queue.take(now, self.max_batch_size, self.cost)
+            for req in late:
+                self._observer.dropped(req.level, "late")
+                fail(req, DeadlineExpired("its compute could not end before its deadline"))
+            if not batch:
+                if late:
+                    continue
+                return
+            if self._forming is not None:
+                self._forming.cancel()
+                self._forming = None
+            batch.sort(key=lambda slot: (slot.size, slot.seq))
+            sizes = [slot.size for slot in batch]
+            bounds = plan_groups(sizes, self._split_cost, self._max_call_size)
+            groups = [[slot.item for slot in batch[lo:hi]] for lo, hi in bounds]
+            end = now + self.cost.estimate(sum(sizes), len(bounds))
+            self._idle -= 1
+            self._ends.append(end)
+            try:
+                self._executor.submit(self._work, loop, batch, bounds, groups, end)
+            except RuntimeError as exc:  # the executor is shut down
+                self._idle += 1
+                self._ends.remove(end)
+                for slot in batch:
+                    fail(slot.req, BatcherClosed(str(exc)))
+                return
+
+    def _work(self, loop: asyncio.AbstractEventLoop, batch: list[Slot],
+              bounds: list[tuple[int, int]], groups: list[list[T]], end: float) -> None:
+        """In a worker thread: computes every group, then hands the outcome to the loop."""
+        outputs: Outputs | None = None
+        error: BaseException | None = None
+        try:
+            outputs = compute_groups(self._compute, groups)
+        except Exception as exc:  # the callers get it
+            error = exc
+        except BaseException as exc:  # never strand the callers, whatever was raised
+            error = RuntimeError(f"compute raised {type(exc).__name__}")
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to answer
+            loop.call_soon_threadsafe(self._finished, batch, bounds, outputs, error, end)
+
+    def _finished(self, batch: list[Slot], bounds: list[tuple[int, int]],
+                  outputs: Outputs | None, error: BaseException | None, end: float) -> None:
+        """On the loop: delivers a batch's results, frees its worker, dispatches the next."""
+        self._idle += 1
+        self._ends.remove(end)
+        try:
+            if outputs is None:
+                for slot in batch:
+                    fail(slot.req, error or RuntimeError("compute gave no result"))
+            else:
+                for (lo, hi), (results, compute_s) in zip(bounds, outputs, strict=True):
+                    self._record(batch[lo:hi], results, compute_s)
+        except Exception as exc:  # a bug here must not strand the batch's callers
+            log.error("delivering a batch failed", exc_info=exc)
+            for slot in batch:
+                fail(slot.req, exc)
+        if self._drained is not None and self._idle == self.workers:
+            if not self._drained.done():
+                self._drained.set_result(None)
+            return
+        self._dispatch()
+
+    def _record(self, group: list[Slot], results: Sequence[object], compute_s: float) -> None:
+        self._observer.batch_computed(len(group), compute_s)
+        self.cost.observe(sum(slot.size for slot in group), compute_s)
+        deliver(group, results, compute_s, self._clock(), self._observer)

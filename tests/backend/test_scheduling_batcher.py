@@ -1,0 +1,181 @@
+"""The batcher over the scheduled queue: priority, fairness, victims and deadlines, with a real
+worker thread (a small compute function held on gates) and an injected clock for deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from backend.scheduling import (
+    DeadlineExpired,
+    DynamicBatcher,
+    QueueFull,
+    SchedulePolicy,
+    WouldMissDeadline,
+)
+from backend.scheduling.cost import CostModel
+from tests.backend.test_batching import Doubler, until
+
+
+class Clock:
+    """Time that moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FixedCost(CostModel):
+    """Costs as taught here, unmoved by the test's own (instant or gated) compute calls."""
+
+    def __init__(self, per_token_s: float = 0.0) -> None:
+        super().__init__()
+        if per_token_s:
+            for tokens in (10, 20):  # two sizes: the fit finds no overhead
+                super().observe(tokens, tokens * per_token_s)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        pass
+
+
+def batcher_of(compute: Doubler, clock: Clock, *, max_batch_size: int = 4,
+               per_token_s: float = 0.0, **policy: object) -> DynamicBatcher[int, int]:
+    options: dict[str, object] = {"levels": 3, "max_queue_size": 64, "default_timeout_s": 60.0,
+                                  "default_priority": 2}
+    options.update(policy)
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(
+        compute, max_batch_size=max_batch_size, size_of=lambda _: 10, clock=clock,
+        cost=FixedCost(per_token_s),
+        policy=SchedulePolicy.uniform(**options))  # type: ignore[arg-type]
+    batcher.start()
+    return batcher
+
+
+async def test_higher_priorities_are_computed_first_whatever_the_arrival_order() -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = batcher_of(compute, clock, max_batch_size=2)
+    held = await compute.hold(batcher)
+    low = asyncio.create_task(batcher.submit([1, 2], priority=3))
+    default = asyncio.create_task(batcher.submit([3]))  # 0: the default, level 2
+    high = asyncio.create_task(batcher.submit([4, 5], priority=1))
+    await until(lambda: batcher.depth == 5)
+    compute.release()
+    await asyncio.gather(held, low, default, high)
+    # Batch 2: the default level's 3, then the room filled from the lowest (calls run in
+    # length, then arrival, order).
+    assert compute.calls[1:] == [[4, 5], [1, 3], [2]]
+    await batcher.close()
+
+
+async def test_a_quiet_key_is_served_before_a_floods_backlog() -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = batcher_of(compute, clock, max_batch_size=4)
+    held = await compute.hold(batcher)
+    flood = [asyncio.create_task(batcher.submit([i], key="A")) for i in range(1, 21)]
+    await until(lambda: batcher.depth == 20)
+    quiet = asyncio.create_task(batcher.submit([500], key="B"))
+    await until(lambda: batcher.depth == 21)
+    compute.release()
+    await asyncio.gather(held, quiet, *flood)
+    # B arrived after all 20 of A's and rides in the very next batch.
+    assert 500 in compute.calls[1]
+    await batcher.close()
+
+
+async def test_each_priority_has_its_own_bound_and_the_victim_is_the_newcomer() -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = batcher_of(compute, clock, queue_sizes=(8, 8, 2))
+    held = await compute.hold(batcher)
+    queued = asyncio.create_task(batcher.submit([1, 2], priority=3))
+    await until(lambda: batcher.depth == 2)
+    with pytest.raises(QueueFull, match="2 of 2 items waiting at priority 3"):
+        await batcher.submit([3], priority=3)
+    high = asyncio.create_task(batcher.submit([4, 5, 6], priority=1))  # its own room
+    await until(lambda: batcher.depth == 5)
+    compute.release()
+    await asyncio.gather(held, queued, high)
+    assert 3 not in compute.computed
+    await batcher.close()
+
+
+async def test_a_deadline_passed_in_the_queue_is_dropped_at_the_next_batch_by_the_clock(
+) -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = batcher_of(compute, clock)
+    held = await compute.hold(batcher)
+    doomed = asyncio.create_task(batcher.submit([7], timeout_s=5.0))
+    kept = asyncio.create_task(batcher.submit([8], timeout_s=50.0))
+    await until(lambda: batcher.depth == 2)
+    clock.now += 6.0  # past the first deadline, by the batcher's clock only
+    compute.release()
+    await held
+    with pytest.raises(DeadlineExpired, match="deadline passed while queued"):
+        await doomed
+    assert (await kept).results == [16]
+    assert 7 not in compute.computed
+    await batcher.close()
+
+
+async def test_the_timer_answers_an_expired_request_at_its_deadline_not_after() -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = batcher_of(compute, clock)
+    held = await compute.hold(batcher)
+    with pytest.raises(DeadlineExpired, match="deadline of 20 ms passed"):
+        await asyncio.wait_for(batcher.submit([7], timeout_s=0.02), timeout=5)
+    assert batcher.depth == 0  # left the queue with its answer
+    compute.release()
+    await held
+    assert 7 not in compute.computed
+    await batcher.close()
+
+
+async def test_a_request_the_work_ahead_outlasts_is_refused_on_arrival() -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = batcher_of(compute, clock, per_token_s=0.001)  # 10 ms per item here
+    held = await compute.hold(batcher)
+    backlog = asyncio.create_task(batcher.submit(list(range(1, 11)), key="A"))  # 100 ms
+    await until(lambda: batcher.depth == 10)
+    # Same key, behind all ten: 110 ms of compute for a 50 ms deadline.
+    with pytest.raises(WouldMissDeadline, match="exceed the deadline of 50 ms"):
+        await batcher.submit([11], key="A", timeout_s=0.05)
+    # Another key waits only for its fair share (10 ms of A's, 10 of its own).
+    other = asyncio.create_task(batcher.submit([12], key="B", timeout_s=0.05))
+    await until(lambda: batcher.depth == 11)
+    compute.release()
+    await asyncio.gather(held, backlog, other)
+    assert 11 not in compute.computed and 12 in compute.calls[1]
+    await batcher.close()
+
+
+async def test_a_request_that_cannot_finish_in_time_when_its_turn_comes_is_not_computed(
+) -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = batcher_of(compute, clock, per_token_s=0.001)
+    held = await compute.hold(batcher)
+    hopeful = asyncio.create_task(batcher.submit([9], timeout_s=0.5))
+    fine = asyncio.create_task(batcher.submit([10], timeout_s=30.0))
+    await until(lambda: batcher.depth == 2)
+    clock.now += 0.495  # 5 ms left: less than its 10 ms of compute
+    compute.release()
+    await held
+    with pytest.raises(DeadlineExpired, match="could not end before its deadline"):
+        await hopeful
+    assert (await fine).results == [20]
+    assert 9 not in compute.computed
+    await batcher.close()
+
+
+async def test_batches_stay_within_the_compute_bound_while_work_waits() -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = batcher_of(compute, clock, max_batch_size=32, max_batch_compute_s=0.025,
+                         per_token_s=0.001)
+    held = await compute.hold(batcher)
+    backlog = asyncio.create_task(batcher.submit(list(range(1, 9))))
+    await until(lambda: batcher.depth == 8)
+    compute.release()
+    await asyncio.gather(held, backlog)
+    assert [len(call) for call in compute.calls[1:]] == [2, 2, 2, 2]  # 20 ms each, not 80
+    await batcher.close()

@@ -1,0 +1,198 @@
+"""The scheduled queue (pure): priority order, fairness between keys, victims, expiry and the
+compute bound, with the time passed in and a cost model taught by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.scheduling.cost import CostModel
+from backend.scheduling.policy import SchedulePolicy
+from backend.scheduling.queue import ScheduleQueue, Ticket
+
+
+def make_queue(levels: int = 3, budget_s: float = 0.0, fair_by: str = "tokens"
+               ) -> ScheduleQueue:
+    return ScheduleQueue(SchedulePolicy.uniform(
+        levels=levels, max_queue_size=100, default_timeout_s=10.0,
+        max_batch_compute_s=budget_s, fair_by=fair_by))
+
+
+class Feed:
+    """Pushes requests of (name, size) items; names come back from ``take``."""
+
+    def __init__(self, queue: ScheduleQueue) -> None:
+        self.queue = queue
+        self.seq = 0
+
+    def push(self, *names: str, key: str = "", level: int = 0, size: int = 10,
+             deadline: float = 100.0, now: float = 0.0) -> Ticket:
+        self.seq += 1
+        req = Ticket(len(names), level=level, key=key, deadline=deadline, enqueued=now,
+                     seq=self.seq)
+        self.queue.push(req, list(names), lambda _: size)
+        return req
+
+
+def taught(per_token_s: float) -> CostModel:
+    cost = CostModel()
+    for tokens in (10, 20):  # two sizes: the fit finds no overhead
+        cost.observe(tokens, tokens * per_token_s)
+    return cost
+
+
+def names(batch: list) -> list[str]:  # type: ignore[type-arg]
+    return [slot.item for slot in batch]
+
+
+def test_higher_priority_goes_first_and_lower_fills_the_room() -> None:
+    queue = make_queue()
+    feed = Feed(queue)
+    feed.push("low1", "low2", level=2)
+    feed.push("mid", level=1)
+    feed.push("high", level=0)
+    batch, dropped = queue.take(0.0, 3, CostModel())
+    assert names(batch) == ["high", "mid", "low1"] and not dropped
+    assert names(queue.take(0.0, 3, CostModel())[0]) == ["low2"]
+
+
+def test_a_flooding_key_does_not_delay_a_quiet_one_behind_its_whole_backlog() -> None:
+    queue = make_queue(levels=1)
+    feed = Feed(queue)
+    feed.push(*(f"a{i}" for i in range(20)), key="A")
+    feed.push("b0", key="B")
+    feed.push("b1", key="B")
+    first = names(queue.take(0.0, 4, CostModel())[0])
+    # B came after all 20 of A's but is served in the first batch, alternating with A.
+    assert first == ["a0", "b0", "a1", "b1"]
+
+
+def test_fairness_counts_tokens_not_requests() -> None:
+    queue = make_queue(levels=1)
+    feed = Feed(queue)
+    feed.push("long1", "long2", key="L", size=100)
+    for i in range(6):
+        feed.push(f"s{i}", key="S", size=20)
+    order = []
+    while queue.depth:
+        order += names(queue.take(0.0, 1, CostModel())[0])
+    # After one long text (100 tokens) S gets about 100 tokens' worth before L's next.
+    assert order == ["long1", "s0", "s1", "s2", "s3", "s4", "long2", "s5"]
+
+
+def test_fairness_by_texts_alternates_whatever_the_lengths() -> None:
+    queue = make_queue(levels=1, fair_by="texts")
+    feed = Feed(queue)
+    feed.push("long1", "long2", key="L", size=100)
+    feed.push("s0", "s1", key="S", size=20)
+    order = []
+    while queue.depth:
+        order += names(queue.take(0.0, 1, CostModel())[0])
+    assert order == ["long1", "s0", "long2", "s1"]
+
+
+def test_a_key_that_was_idle_earns_no_credit() -> None:
+    queue = make_queue(levels=1)
+    feed = Feed(queue)
+    feed.push(*(f"a{i}" for i in range(4)), key="A")
+    feed.push("b0", key="B")
+    assert names(queue.take(0.0, 3, CostModel())[0]) == ["a0", "b0", "a1"]
+    # B returns after its queue emptied: it starts level with A, not ahead by what A used.
+    feed.push("b1", "b2", "b3", key="B")
+    order = []
+    while queue.depth:
+        order += names(queue.take(0.0, 1, CostModel())[0])
+    assert order[:4] in (["a2", "b1", "a3", "b2"], ["b1", "a2", "b2", "a3"])
+
+
+def test_expired_requests_leave_with_their_unsent_items_only() -> None:
+    queue = make_queue(levels=1)
+    feed = Feed(queue)
+    soon = feed.push("x1", "x2", "x3", deadline=5.0)
+    later = feed.push("y", deadline=50.0)
+    assert names(queue.take(0.0, 1, CostModel())[0]) == ["x1"]
+    assert queue.expired(4.9) == []
+    assert queue.expired(5.0) == [soon]
+    assert queue.depth == 1 and queue.tokens == 10
+    assert names(queue.take(5.0, 4, CostModel())[0]) == ["y"]
+    assert queue.expired(60.0) == [] and not later.queued
+
+
+def test_a_request_that_cannot_finish_even_alone_is_dropped_before_compute() -> None:
+    queue = make_queue(levels=1)
+    feed = Feed(queue)
+    hopeless = feed.push("big", size=100, deadline=0.05)  # 100 tokens at 1 ms: 100 ms
+    fine = feed.push("small", size=10, deadline=1.0)
+    batch, dropped = queue.take(0.0, 4, taught(0.001))
+    assert names(batch) == ["small"] and dropped == [hopeless]
+    assert hopeless.closed and not fine.closed and queue.depth == 0
+
+
+def test_a_batch_stops_before_the_item_that_would_carry_it_past_the_tightest_deadline() -> None:
+    queue = make_queue(levels=1)
+    feed = Feed(queue)
+    feed.push("tight", size=10, deadline=0.025)  # alone 10 ms; with one more 20, two 30
+    feed.push("a", size=10)
+    feed.push("b", size=10)
+    batch, dropped = queue.take(0.0, 8, taught(0.001))
+    assert names(batch) == ["tight", "a"] and not dropped
+    assert names(queue.take(0.0, 8, taught(0.001))[0]) == ["b"]
+
+
+def test_batches_are_bounded_in_expected_compute_but_take_one_item_at_least() -> None:
+    queue = make_queue(levels=1, budget_s=0.035)
+    feed = Feed(queue)
+    feed.push(*(f"i{i}" for i in range(10)), size=10)
+    assert len(queue.take(0.0, 32, taught(0.001))[0]) == 3  # 3 x 10 ms <= 35 ms
+    feed.push("huge", key="H", size=1000)
+    sizes = []
+    while queue.depth:
+        sizes.append(len(queue.take(0.0, 32, taught(0.001))[0]))
+    assert 1 in sizes and sum(sizes) == 8
+
+
+def test_tokens_ahead_counts_higher_levels_and_a_fair_share_of_its_own() -> None:
+    queue = make_queue()
+    feed = Feed(queue)
+    feed.push(*(f"a{i}" for i in range(50)), key="A", level=1)  # 500 tokens
+    feed.push("h", level=0, size=30)
+    feed.push("low", level=2, size=999)
+    # A new 10-token request from B at level 1: all of level 0, A's share up to B's 10, its own.
+    assert queue.tokens_ahead(1, "B", 10) == 30 + 10 + 10
+    assert queue.tokens_ahead(1, "A", 10) == 30 + 510
+
+
+def test_removed_requests_are_skipped_and_counted_out_at_once() -> None:
+    queue = make_queue(levels=1)
+    feed = Feed(queue)
+    gone = feed.push("g1", "g2", key="A")
+    feed.push("k", key="B")
+    queue.remove(gone)
+    assert queue.depth == 1 and queue.tokens == 10
+    assert names(queue.take(0.0, 4, CostModel())[0]) == ["k"]
+    assert queue.drain() == [] and queue.depth == 0
+
+
+def test_priorities_map_like_tritons() -> None:
+    policy = SchedulePolicy.uniform(levels=3, max_queue_size=4, default_timeout_s=1.0,
+                                    default_priority=2)
+    assert [policy.level_of(p) for p in (0, 1, 2, 3, 9)] == [1, 0, 1, 2, 2]
+    with pytest.raises(ValueError, match="priority must be >= 0"):
+        policy.level_of(-1)
+
+
+def test_the_cost_model_learns_overhead_and_per_token_cost() -> None:
+    cost = CostModel()
+    assert not cost.learned and cost.estimate(100) == 0.0
+    for tokens in (10, 100, 10, 100, 50):
+        cost.observe(tokens, 0.002 + 0.0001 * tokens)
+    assert cost.overhead_s == pytest.approx(0.002, rel=1e-3)
+    assert cost.per_token_s == pytest.approx(0.0001, rel=1e-3)
+    assert cost.estimate(200, calls=2) == pytest.approx(0.024, rel=1e-3)
+
+
+def test_one_call_size_alone_splits_its_cost_between_call_and_tokens() -> None:
+    cost = CostModel()
+    cost.observe(10, 0.004)
+    # Not all per token: a batch twice as large is expected to cost 1.5x, not 2x, so the
+    # compute bound lets batches grow and show what they really cost.
+    assert cost.estimate(20) == pytest.approx(0.006)
