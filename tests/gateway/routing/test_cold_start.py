@@ -13,7 +13,7 @@ from gateway.policy.store import PolicyStore
 from gateway.routing import Router, RoutingSettings
 from gateway.routing.coldstart import COLD_ANSWERS
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.telemetry.observer import MetricsObserver
+from gateway.telemetry.prometheus import MetricsObserver
 from tests.gateway.conftest import GatewayFactory, metric_value
 from tests.gateway.routing.oip_fake import FakeBackend
 from tests.gateway.routing.test_routing_balancer import FakeClock, spec
