@@ -123,7 +123,8 @@ def create_app(
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
-    app.router.add_get("/openapi.json", openapi.handler(openapi.load()))
+    app.router.add_get("/openapi.json", openapi.handler(
+        openapi.served(openapi.load(), admin=bool(settings.admin_token))))
     ops_routes.register(app)
     batch.register(app)  # after _lifetime: its worker needs the pipeline
     return app

@@ -72,6 +72,13 @@ class MalformedRequest(GatewayError):
     type = "bad_request"
 
 
+class InvalidHeader(GatewayError):
+    """A request header the gateway reads holds a value it cannot use: names the header."""
+
+    status = 400
+    type = "invalid_header"
+
+
 class Unauthorized(GatewayError):
     status = 401
     type = "unauthorized"

@@ -16,9 +16,8 @@ from gateway.errors import (
     ModelNotFound,
     Overloaded,
     RateLimited,
-    ValidationFailed,
 )
-from gateway.handlers.parsing import check_json_type, parse_json, read_body
+from gateway.handlers.parsing import check_json_type, deadline_ms, parse_json, read_body
 from gateway.middleware import TENANT, request_id_of
 from gateway.pipeline import Call
 from gateway.policy.targets import HIDDEN_HEADERS
@@ -36,17 +35,9 @@ def make_context(request: web.Request, route: str, *, tenant: str | None = None,
     settings = request.app[state.SETTINGS]
     if tenant is None:
         tenant = identify(request)
-    timeout_ms = float(settings.default_timeout_ms)
-    raw = request.headers.get("X-Request-Timeout-Ms")
-    if raw is not None:
-        try:
-            timeout_ms = float(raw)
-        except ValueError:
-            raise ValidationFailed("X-Request-Timeout-Ms", "must be a number of milliseconds") \
-                from None
-        if not 0 < timeout_ms <= settings.max_timeout_ms:
-            raise ValidationFailed("X-Request-Timeout-Ms",
-                                   f"must be between 1 and {settings.max_timeout_ms}")
+    timeout_ms = deadline_ms(request.headers.get("X-Request-Timeout-Ms"),
+                             default_ms=settings.default_timeout_ms,
+                             max_ms=settings.max_timeout_ms)
     headers = {k.lower(): v for k, v in request.headers.items() if k.lower() not in HIDDEN_HEADERS}
     ctx = RequestContext(
         request_id=request_id_of(request),

@@ -8,6 +8,7 @@ import logging
 import grpc
 import grpc.aio
 import pytest
+from google.protobuf.message import DecodeError
 
 from backend.dataplane import DataPlane
 from backend.metrics import BackendMetrics
@@ -27,7 +28,7 @@ TRUNCATED = b"\x0a\x64ab"
 async def test_a_malformed_message_is_invalid_argument_without_a_traceback(
     models: list[EmbeddingModel], caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with pytest.raises(Exception):  # the bytes really are not a ModelInferRequest
+    with pytest.raises(DecodeError):  # the bytes really are not a ModelInferRequest
         ours.ModelInferRequest.FromString(TRUNCATED)
     port = free_port()
     settings = ServeSettings(device="cpu", grpc_port=port)
