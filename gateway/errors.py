@@ -201,6 +201,13 @@ class RateLimited(_RetryAfter):
     type = "rate_limited"
 
 
+class RequestTimeout(GatewayError):
+    """The client did not send its request head or body within the read deadline."""
+
+    status = 408
+    type = "request_timeout"
+
+
 class HeadersTooLarge(GatewayError):
     status = 431
     type = "headers_too_large"

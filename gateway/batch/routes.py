@@ -22,6 +22,7 @@ from gateway.adapters.fields import check_keys, require_str
 from gateway.batch.errors import BatchUnavailable
 from gateway.batch.jsonl import ENDPOINTS
 from gateway.errors import (
+    GatewayError,
     MalformedRequest,
     PayloadTooLarge,
     UnsupportedMediaType,
@@ -51,6 +52,8 @@ def _guard(handler: Handler) -> Handler:
     async def run(request: web.Request) -> web.Response:
         try:
             return await handler(request)
+        except GatewayError:  # e.g. BodyTimeout, which is a TimeoutError (an OSError) too
+            raise
         except (RedisError, OSError):
             raise BatchUnavailable("the batch store is unreachable; try again shortly",
                                    retry_after_s=2.0) from None
