@@ -48,3 +48,11 @@ def test_integer_valued_numbers_are_integers() -> None:
     assert openai.parse_embeddings_request(body, max_items=8).dimensions == 384
     with pytest.raises(BadRequest):
         parse(text_input(["a", "b"], shape=[2.5]))  # type: ignore[list-item]
+
+
+def test_numbers_in_backend_variables_are_ascii() -> None:
+    from backend.settings import ServeSettings, SettingsError
+
+    assert ServeSettings.from_env({"BACKEND_MAX_QUEUE_SIZE": "12"}).max_queue_size == 12
+    with pytest.raises(SettingsError, match="BACKEND_MAX_QUEUE_SIZE"):
+        ServeSettings.from_env({"BACKEND_MAX_QUEUE_SIZE": "١٢"})

@@ -92,3 +92,13 @@ def test_the_documented_deadline_and_window_are_the_servers() -> None:
         assert bool(re.fullmatch(window["pattern"], value)) == (value in server_ok), value
     tensor = doc["components"]["schemas"]["InferInputTensor"]["properties"]
     assert tensor["name"] == {"const": "text", "description": tensor["name"]["description"]}
+
+
+def test_numbers_in_gateway_variables_are_ascii() -> None:
+    from gateway.settings import SettingsError, load_settings
+
+    assert load_settings(None, None, environ={"GATEWAY_MAX_BODY_BYTES": "3000"}) \
+        .max_body_bytes == 3000
+    for bad in ("٣٠٠٠", "\uff13000"):
+        with pytest.raises(SettingsError, match="max_body_bytes"):
+            load_settings(None, None, environ={"GATEWAY_MAX_BODY_BYTES": bad})
