@@ -47,7 +47,8 @@ lint: $(STAMP)
 bench: $(STAMP) $(MODEL)
 	$(PY) -m bench all
 
-# 10,000 schemathesis cases per service (gateway, backend); FUZZ_ARGS=--cases N to change.
+# schemathesis' runner on each service: every check, every phase (stateful too), pinned seeds;
+# FUZZ_ARGS="--examples N --seed S --minutes M" to change (--engine own: the older engine).
 fuzz: $(STAMP) $(MODEL)
 	$(PY) -m bench fuzz $(FUZZ_ARGS)
 

@@ -1,4 +1,4 @@
-"""API fuzzing driven by the OpenAPI documents: ``python -m bench fuzz [--cases N] [--minutes M]``.
+"""API fuzzing driven by the OpenAPI documents: ``python -m bench fuzz --engine own [--cases N]``.
 
 Starts a real backend (the real model) and a real gateway in front of it, both on loopback ports
 and stopped by PID, and sends each schemathesis-generated requests built from its own
