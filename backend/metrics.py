@@ -53,6 +53,11 @@ class BackendMetrics:
             "backend_batch_size", "Items per ONNX Runtime call.", ["model"],
             buckets=BATCH_BUCKETS, registry=reg,
         )
+        self.grpc_malformed = Counter(
+            "backend_grpc_malformed_total",
+            "gRPC calls refused with INVALID_ARGUMENT because the request message did not "
+            "parse as protobuf, by method.", ["method"], registry=reg,
+        )
         # Read from each batcher at scrape time (``DataPlane``): nothing to update per request.
         self.queue_depth = Gauge(
             "backend_queue_depth", "Items waiting to be batched.", ["model"], registry=reg,

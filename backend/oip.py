@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from backend.envelope import decode_json
+from backend.envelope import decode_json, whole
 from backend.errors import BadRequest
 from backend.repository import ModelConfig, TensorSpec
 from backend.scheduling.params import NONE, ScheduleParams, parse_schedule
@@ -131,8 +131,8 @@ def binary_chunks(inputs: list[Any], binary: memoryview) -> list[memoryview | No
         if "binary_data_size" not in parameters:
             chunks.append(None)
             continue
-        size = parameters["binary_data_size"]
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        size = whole(parameters["binary_data_size"])
+        if size is None or size < 0:
             raise BadRequest(f"input {index}: binary_data_size must be a non-negative integer")
         if "data" in tensor:
             raise BadRequest(f"input {index}: has both 'data' and binary_data_size")
@@ -157,10 +157,10 @@ def check_tensor(name: Any, datatype: Any, shape: Any, spec: TensorSpec) -> int:
         raise BadRequest(f"unknown input {name!r}: the model's input is {spec.name!r}")
     if datatype != spec.datatype:
         raise BadRequest(f"input {spec.name!r} has datatype {datatype!r}; expected {spec.datatype}")
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
+    dims = [whole(d) for d in shape] if isinstance(shape, list) else [None]
+    if not all(d is not None and d >= 0 for d in dims):
         raise BadRequest(f"input {spec.name!r}: 'shape' must be a list of non-negative integers")
+    shape = [d for d in dims if d is not None]
     if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
         raise BadRequest(f"input {spec.name!r}: shape {shape} is not supported; use [n] or [n, 1]")
     return math.prod(shape)

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from backend.envelope import decode_json
+from backend.envelope import decode_json, whole
 from backend.errors import BadRequest
 
 EncodingFormat = Literal["float", "base64"]
@@ -53,10 +53,8 @@ def parse_embeddings_request(body: bytes, *, max_items: int) -> EmbeddingsReques
             encoding = "base64"
         case _:
             raise BadRequest("'encoding_format' must be 'float' or 'base64'")
-    dimensions = raw.get("dimensions")
-    if "dimensions" in raw and (
-        isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
-    ):
+    dimensions = whole(raw.get("dimensions"))
+    if "dimensions" in raw and (dimensions is None or dimensions < 1):
         raise BadRequest("'dimensions' must be a positive integer")
     if "user" in raw and not isinstance(raw["user"], str):
         raise BadRequest("'user' must be a string")

@@ -182,6 +182,8 @@ def _coerce(name: str, type_name: str, raw: str) -> Any:
     try:
         if name == "models_dir":
             return Path(raw)
+        if not raw.isascii():  # int() and float() would read "٣" as 3
+            raise ValueError("not ASCII")
         if name in ("warmup_lengths", "warmup_batch_sizes", "priority_queue_sizes"):
             return tuple(int(part) for part in raw.split(",") if part.strip())
         if name == "priority_timeouts_ms":

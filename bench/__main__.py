@@ -1,7 +1,7 @@
 """Run benchmarks by name: ``python -m bench all|backend|latency|gateway|cache|policy|overload``.
 
-``cpu`` (instructions per request under callgrind, several minutes), ``fuzz`` (the
-OpenAPI-driven fuzzer, 10,000 cases per service), ``batch`` (a 10,000-line batch job beside
+``cpu`` (instructions per request under callgrind, several minutes), ``fuzz`` (schemathesis on
+both services: every check and phase, pinned seeds), ``batch`` (a 10,000-line batch job beside
 interactive load, a few minutes) and ``soak`` (10 minutes of mixed traffic under faults) run only
 by name: they are long and not part of ``all``.
 

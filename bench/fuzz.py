@@ -1,4 +1,4 @@
-"""API fuzzing driven by the OpenAPI documents: ``python -m bench fuzz [--cases N] [--minutes M]``.
+"""API fuzzing driven by the OpenAPI documents: ``python -m bench fuzz --engine own [--cases N]``.
 
 Starts a real backend (the real model) and a real gateway in front of it, both on loopback ports
 and stopped by PID, and sends each schemathesis-generated requests built from its own
@@ -397,8 +397,15 @@ def _report(reports: Sequence[FuzzReport], alive: Mapping[str, str | None]) -> i
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m bench fuzz``: the long run (10,000 cases per service by default)."""
-    parser = argparse.ArgumentParser(prog="python -m bench fuzz")
+    """``python -m bench fuzz``: schemathesis' runner (``bench/fuzz_cli.py``); with
+    ``--engine own`` first, this module's engine (10,000 cases per service by default)."""
+    args_in = list(argv)
+    if args_in[:2] != ["--engine", "own"]:
+        from bench import fuzz_cli
+
+        return fuzz_cli.main(args_in)
+    argv = args_in[2:]
+    parser = argparse.ArgumentParser(prog="python -m bench fuzz --engine own")
     parser.add_argument("--cases", type=int, default=10_000, help="cases per service")
     parser.add_argument("--minutes", type=float, default=30.0, help="time cap per service")
     parser.add_argument("--models", type=Path, default=REPO / "models")

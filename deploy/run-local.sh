@@ -2,10 +2,12 @@
 # `make run`: a backend with the built-in model and a gateway in front of it, on localhost.
 # Prints one "ready" line once the gateway's /readyz answers 200 (a backend has loaded and warmed
 # up its model); exits non-zero, saying why, if either process dies first or readiness takes
-# longer than READY_TIMEOUT_S (60 s). Ctrl-C (or SIGTERM) stops everything this script started.
+# longer than READY_TIMEOUT_S (60 s). Ctrl-C (or SIGTERM) stops everything this script started;
+# a stop asked for is a clean exit (status 0), so `kill <pid>` leaves make nothing to report.
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 BACKEND_PORT=${BACKEND_PORT:-8001}
+BACKEND_GRPC_PORT=${BACKEND_GRPC_PORT:-}  # empty: the backend's default (8002)
 GATEWAY_PORT=${GATEWAY_PORT:-8080}
 # The policy the gateway serves: the repo's policies/ folder, so an edit there takes effect
 # (reloaded on change). POLICIES=path/to/file.yaml, or GATEWAY_ARGS="--policies ...", to change.
@@ -32,7 +34,9 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT
-trap 'exit 143' TERM
+# SIGTERM is how `kill` (the ready line says so) and service managers ask for a stop: after the
+# clean-up, exit 0, or make would report "Error 143" for a stop that went as asked.
+trap 'echo "make run: stopping (SIGTERM)" >&2; exit 0' TERM
 
 start() {  # start NAME COMMAND...: run it in the background and remember its PID
   local name=$1
@@ -74,7 +78,10 @@ sys.exit(1)
 PYEOF
 }
 
-start backend "$PY" -m backend serve --models models --host 127.0.0.1 --port "$BACKEND_PORT"
+grpc_args=()
+if [[ -n $BACKEND_GRPC_PORT ]]; then grpc_args=(--grpc-port "$BACKEND_GRPC_PORT"); fi
+start backend "$PY" -m backend serve --models models --host 127.0.0.1 --port "$BACKEND_PORT" \
+  ${grpc_args[@]+"${grpc_args[@]}"}
 # The default workers (one per core): they share the node cache (cache.node.path, by default
 # ~/.cache/edge-gateway/node/<deployment tag>), so the Quick start's second call is a HIT
 # whichever worker answers.

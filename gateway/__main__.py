@@ -1,4 +1,5 @@
-"""Command line: ``python -m gateway serve`` and ``python -m gateway policy check|explain``."""
+"""Command line: ``python -m gateway serve``, ``python -m gateway policy check|explain`` and
+``python -m gateway node-path``."""
 
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_args(sub)
+    from gateway.cli.node_path import register as register_node_path
     from gateway.cli.policy import register as register_policy
 
     register_policy(sub)
+    register_node_path(sub)
     return parser
 
 

@@ -136,7 +136,8 @@ def create_app(
     app.router.add_get("/healthz", probes.healthz)
     app.router.add_get("/readyz", probes.readyz)
     app.router.add_get("/metrics", probes.metrics)
-    app.router.add_get("/openapi.json", serve_document(openapi.load()))
+    app.router.add_get("/openapi.json", serve_document(
+        openapi.served(openapi.load(), admin=bool(settings.admin_token))))
     ops.register(app)
     batch.register(app)  # after the pipeline's lifetime: its worker needs the pipeline
     return app

@@ -71,6 +71,13 @@ class MalformedRequest(GatewayError):
     type = "bad_request"
 
 
+class InvalidHeader(GatewayError):
+    """A request header the gateway reads holds a value it cannot use: names the header."""
+
+    status = 400
+    type = "invalid_header"
+
+
 class Unauthorized(GatewayError):
     status = 401
     type = "unauthorized"
@@ -186,6 +193,13 @@ class _RetryAfter(GatewayError):
 class RateLimited(_RetryAfter):
     status = 429
     type = "rate_limited"
+
+
+class RequestTimeout(GatewayError):
+    """The client did not send its request head or body within the read deadline."""
+
+    status = 408
+    type = "request_timeout"
 
 
 class HeadersTooLarge(GatewayError):

@@ -36,6 +36,8 @@ from gateway.errors import (
     MalformedRequest,
     UriTooLong,
 )
+from gateway.http import app_state as state
+from gateway.http.connection import ConnectionLimits, GuardedRequestHandler
 from gateway.http.middleware import error_response, new_request_id
 from gateway.policy.loader import PolicyError
 from gateway.settings import Settings, SettingsError, load_settings, settings_fields
@@ -93,8 +95,9 @@ def run_worker(settings: Settings, *, reuse_port: bool, policy_share: str | None
 
 async def _serve(app: web.Application, settings: Settings, *, reuse_port: bool) -> None:
     """``web.run_app``'s job (which cannot take another runner) with ``GatewayRunner``."""
-    # keepalive_timeout: run_app's default, kept (the handler's own default is an hour).
-    runner = GatewayRunner(app, access_log=None, keepalive_timeout=75.0, shutdown_timeout=10.0)
+    # keepalive_timeout: an idle connection's life (the handler's own default is an hour).
+    runner = GatewayRunner(app, access_log=None, shutdown_timeout=10.0,
+                           keepalive_timeout=settings.connections.keepalive_timeout_s)
     try:
         # Inside the try: a start that fails half-way still runs the exits of the cleanup
         # contexts that did start (gateway/app.py keeps one per resource).
@@ -110,8 +113,9 @@ async def _serve(app: web.Application, settings: Settings, *, reuse_port: bool) 
         await runner.cleanup()
 
 
-class GatewayRequestHandler(web.RequestHandler):
-    """aiohttp's per-connection protocol, with its error answers in the gateway's shape.
+class GatewayRequestHandler(GuardedRequestHandler):
+    """aiohttp's per-connection protocol, with its error answers in the gateway's shape (and
+    the read deadlines and connection cap of ``GuardedRequestHandler``).
 
     aiohttp calls ``handle_error`` for what fails before the app (and so before any middleware)
     sees a request: a request line, header or header count over the parser's limits, a message
@@ -175,8 +179,13 @@ class GatewayServer(web.Server):
     (``handler_args`` included) to the subclass.
     """
 
+    def __init__(self, *args: Any, limits: ConnectionLimits | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits or ConnectionLimits()
+
     def __call__(self) -> web.RequestHandler:
-        return GatewayRequestHandler(self, loop=self._loop, **self._kwargs)
+        return GatewayRequestHandler(self, loop=self._loop, limits=self.limits, **self._kwargs)
 
 
 class GatewayRunner(web.AppRunner):
@@ -184,9 +193,14 @@ class GatewayRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()  # starts the app, applies handler_args
+        settings = self.app.get(state.SETTINGS)
+        limits = ConnectionLimits() if settings is None else ConnectionLimits(
+            header_timeout_s=settings.connections.header_timeout_s,
+            body_timeout_s=settings.connections.body_timeout_s,
+            max_connections=settings.connections.max_per_worker)
         return GatewayServer(server.request_handler, request_factory=server.request_factory,
                              handler_cancellation=server.handler_cancellation,
-                             loop=asyncio.get_running_loop(), **server._kwargs)
+                             loop=asyncio.get_running_loop(), limits=limits, **server._kwargs)
 
 
 async def _freeze_gc(_app: object) -> None:

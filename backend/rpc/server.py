@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 
 from backend.dataplane import DataPlane
 from backend.metrics import BackendMetrics
@@ -43,12 +44,13 @@ async def grpc_server(plane: DataPlane, metrics: BackendMetrics, settings: Serve
     """Serves ``inference.GRPCInferenceService`` on ``settings.grpc_listen_port`` while open;
     yields None when the default port is taken (and then serves nothing)."""
     service = InferenceService(plane, metrics, log_requests=settings.access_log)
+    handlers = _handlers(service, metrics)
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", 0),
         # The REST body limit, for the same reason (413 there; RESOURCE_EXHAUSTED here).
         ("grpc.max_receive_message_length", settings.client_max_size),
     ])
-    server.add_registered_method_handlers(SERVICE, _handlers(service))
+    server.add_registered_method_handlers(SERVICE, handlers)
     host, port = settings.host, settings.grpc_listen_port
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     # Probing first keeps grpcio's own (non-JSON) error line out of the log in the usual case.
@@ -85,21 +87,46 @@ def _bindable(host: str, port: int) -> bool:
         return False
 
 
-def _handlers(service: InferenceService) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
-    def unary(method: Callable[..., Any], request: Any, response: Any
+class _Malformed:
+    """What the deserializer hands the method for bytes that are not the request message."""
+
+
+MALFORMED = _Malformed()
+MALFORMED_MESSAGE = "malformed request: the message is not valid protobuf"
+
+
+def _handlers(service: InferenceService, metrics: BackendMetrics
+              ) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    def unary(name: str, method: Callable[..., Any], request: Any, response: Any
               ) -> grpc.RpcMethodHandler[Any, Any]:
+        # grpcio answers a deserializer that raises with UNKNOWN, a message naming the internal
+        # type and a logged traceback per call; a malformed message is the client's error.
+        def parse(data: bytes) -> Any:
+            try:
+                return request.FromString(data)
+            except DecodeError:
+                return MALFORMED
+
+        async def call(message: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            if message is MALFORMED:
+                metrics.grpc_malformed.labels(name).inc()
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED_MESSAGE)
+            return await method(message, context)
+
         return grpc.unary_unary_rpc_method_handler(
-            method, request_deserializer=request.FromString,
-            response_serializer=response.SerializeToString)
+            call, request_deserializer=parse, response_serializer=response.SerializeToString)
 
     return {
-        "ServerLive": unary(service.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
-        "ServerReady": unary(service.server_ready, pb.ServerReadyRequest,
+        "ServerLive": unary("ServerLive", service.server_live, pb.ServerLiveRequest,
+                            pb.ServerLiveResponse),
+        "ServerReady": unary("ServerReady", service.server_ready, pb.ServerReadyRequest,
                              pb.ServerReadyResponse),
-        "ServerMetadata": unary(service.server_metadata, pb.ServerMetadataRequest,
-                                pb.ServerMetadataResponse),
-        "ModelReady": unary(service.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
-        "ModelMetadata": unary(service.model_metadata, pb.ModelMetadataRequest,
-                               pb.ModelMetadataResponse),
-        "ModelInfer": unary(service.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
+        "ServerMetadata": unary("ServerMetadata", service.server_metadata,
+                                pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+        "ModelReady": unary("ModelReady", service.model_ready, pb.ModelReadyRequest,
+                            pb.ModelReadyResponse),
+        "ModelMetadata": unary("ModelMetadata", service.model_metadata,
+                               pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+        "ModelInfer": unary("ModelInfer", service.model_infer, pb.ModelInferRequest,
+                            pb.ModelInferResponse),
     }

@@ -49,12 +49,23 @@ def check_keys(data: dict[str, Any], allowed: set[str]) -> None:
         raise ValidationFailed(unknown[0], f"unknown field (allowed: {', '.join(sorted(allowed))})")
 
 
+def whole(value: Any) -> int | None:
+    """``value`` as an int when JSON Schema counts it an integer (``3`` and ``3.0``, not ``true``
+    or ``3.5``), else None: a client that serialises every number as a float is not refused."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():  # is_integer(): False for inf and nan
+        return int(value)
+    return None
+
+
 def positive_int(data: dict[str, Any], field: str, default: int, *, upper: int | None = None,
                  ) -> int:
     """An optional integer field >= 1 (and <= ``upper``)."""
-    value = data.get(field, default)
-    if (not isinstance(value, int) or isinstance(value, bool) or value < 1
-            or (upper is not None and value > upper)):
+    value = whole(data.get(field, default))
+    if value is None or value < 1 or (upper is not None and value > upper):
         bound = f"from 1 to {upper}" if upper is not None else "of at least 1"
         raise ValidationFailed(field, f"must be an integer {bound}")
     return value

@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from gateway.adapters.fields import whole
 from gateway.errors import BackendRejected, BadGateway, ValidationFailed
 from gateway.pipeline import Fetched, FetchResult, Groups, Item, Result
 from gateway.pipeline.context import RequestContext
@@ -178,10 +179,13 @@ def parse_oip(data: dict[str, Any], model: str) -> OipCall:
             raise ValidationFailed(f"{where}.datatype",
                                    "must be BYTES: the gateway serves text models")
         shape = tensor.get("shape")
-        if (not isinstance(shape, list) or not 0 < len(shape) <= MAX_SHAPE_DIMS or not all(
-                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        dims = [whole(d) for d in shape] if isinstance(shape, list) else []
+        if (not 0 < len(dims) <= MAX_SHAPE_DIMS
+                or not all(d is not None and d >= 0 for d in dims)):
             raise ValidationFailed(f"{where}.shape", f"must be a list of 1 to {MAX_SHAPE_DIMS} "
                                                      "non-negative integers")
+        # [2.0] is the integer 2 in JSON Schema; the backend gets plain integers.
+        shape = tensor["shape"] = [int(d) for d in dims if d is not None]
         if "data" not in tensor:
             raise ValidationFailed(f"{where}.data", "is required")
         if "parameters" in tensor and not isinstance(tensor["parameters"], dict):

@@ -6,12 +6,40 @@ Nothing here talks to a backend or a cache.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from gateway.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType, ValidationFailed
+from gateway.errors import (
+    BadRequest,
+    InvalidHeader,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    ValidationFailed,
+)
+
+MIN_TIMEOUT_MS = 1.0
+"""The shortest deadline a client may ask for: below it no answer, not even a hit, could come
+back in time, so the request is refused (400) rather than accepted to fail with a 504."""
+
+# A JSON number without a sign, in ASCII only: float() alone would also take "٣", "1_000",
+# " 5 ", "inf" and "nan".
+_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def deadline_ms(raw: str | None, *, default_ms: float, max_ms: float) -> float:
+    """The request's ``X-Request-Timeout-Ms`` in milliseconds (``default_ms`` when absent);
+    400 unless it is a plain number in [MIN_TIMEOUT_MS, max_ms]."""
+    if raw is None:
+        return default_ms
+    value = float(raw) if _DECIMAL.fullmatch(raw) else math.nan
+    if not MIN_TIMEOUT_MS <= value <= max_ms:  # also refuses nan and inf
+        raise InvalidHeader(f"X-Request-Timeout-Ms: must be a number of milliseconds from "
+                            f"{MIN_TIMEOUT_MS:g} to {max_ms:g}")
+    return value
 
 
 async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:

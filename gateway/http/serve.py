@@ -14,10 +14,9 @@ from gateway.errors import (
     ModelNotFound,
     Overloaded,
     RateLimited,
-    ValidationFailed,
 )
 from gateway.http import app_state as state
-from gateway.http.body import check_json_type, parse_json, read_body
+from gateway.http.body import check_json_type, deadline_ms, parse_json, read_body
 from gateway.http.middleware import TENANT, request_id_of
 from gateway.pipeline import Call
 from gateway.pipeline.accounting import hot_usage, usage_of
@@ -40,8 +39,9 @@ def make_context(request: web.Request, route: str, *, tenant: str | None = None,
         tenant = identify(request)
     if headers is None:
         headers = RequestHeaders.of(request.headers)
-    # Sent more than once: every value must be valid, and the strictest applies.
-    asked = [_timeout_ms(raw, settings.max_timeout_ms)
+    # Sent more than once: every value must be valid (400 otherwise), and the strictest applies.
+    asked = [deadline_ms(raw, default_ms=settings.default_timeout_ms,
+                         max_ms=settings.max_timeout_ms)
              for raw in headers.values_of("x-request-timeout-ms")]
     timeout_ms = min(asked) if asked else float(settings.default_timeout_ms)
     ctx = RequestContext(
@@ -56,17 +56,6 @@ def make_context(request: web.Request, route: str, *, tenant: str | None = None,
         ctx.started = started
     return ctx
 
-
-def _timeout_ms(raw: str, most: float) -> float:
-    """One ``X-Request-Timeout-Ms`` value, checked (422 naming the header)."""
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValidationFailed("X-Request-Timeout-Ms", "must be a number of milliseconds") \
-            from None
-    if not 0 < value <= most:
-        raise ValidationFailed("X-Request-Timeout-Ms", f"must be between 1 and {most}")
-    return value
 
 
 def identify(request: web.Request) -> str:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from gateway.policy.headers import RequestHeaders
 from gateway.upstream.admission.fairqueue import INTERACTIVE, Priority
 
-_MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?\s*(?:,|$)", re.IGNORECASE)
+# [0-9], not \d: \d matches every Unicode digit ("max-age=٣").
+_MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?([0-9]+)\"?\s*(?:,|$)", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)

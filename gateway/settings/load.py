@@ -163,6 +163,8 @@ def _scalar(path: str, value: object, hint: Any) -> object:
             return text in _TRUE
         raise SettingsError(f"{path}: {value!r} is not a boolean (true or false)")
     try:
+        if hint in (int, float) and isinstance(value, str) and not value.isascii():
+            raise ValueError  # int() and float() would read "٣" as 3
         if hint is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError

@@ -20,6 +20,7 @@ from gateway import validation as check
 from gateway.cache.settings import CacheSettings, RedisSettings
 from gateway.routing.config import BackendSpec, RoutingSettings
 from gateway.settings.batch import BatchSettings
+from gateway.settings.connections import ConnectionSettings
 from gateway.tenants.quota.settings import QuotaSettings
 from gateway.upstream.admission.control import AdmissionSettings
 from gateway.validation import SettingsError
@@ -126,6 +127,8 @@ class Settings:
     """Log level and the request-text debug switch."""
     batch: BatchSettings = field(default_factory=BatchSettings)
     """Batch jobs (the Files and Batches API): limits, storage, and how workers run lines."""
+    connections: ConnectionSettings = field(default_factory=ConnectionSettings)
+    """Client connections: head and body read deadlines, idle keep-alive, a cap per worker."""
 
     def __post_init__(self) -> None:
         check.label("host", self.host)

@@ -109,7 +109,7 @@ class GrpcTransport(Transport):
             name = key.lower()
             if name in _METADATA:
                 metadata.append((name, value))
-            elif name == "x-request-timeout-ms" and value.isdigit():
+            elif name == "x-request-timeout-ms" and value.isascii() and value.isdigit():
                 timeout = min(timeout, int(value) / 1000.0 + _DEADLINE_SLACK_S)
         backend = self._backends.get(authority)
         if backend is None:

@@ -8,8 +8,8 @@ the fault, never the request's text.
 
 from __future__ import annotations
 
-import contextlib
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,13 +66,16 @@ def infer_request_body(texts: Sequence[str], parameters: Mapping[str, Any] | Non
                          "parameters": {"binary_data_output": True, **(parameters or {})}})
 
 
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+"""An ASCII decimal number, the only shape of a number read from the backend's headers."""
+
+
 def retry_after(headers: Mapping[str, str]) -> float:
     """The backend's ``Retry-After`` in seconds (1 when absent or an HTTP date)."""
-    try:
-        value = float(headers.get("Retry-After", "1"))
-    except ValueError:
+    value = headers.get("Retry-After", "1")
+    if not _DECIMAL.fullmatch(value):  # float() would also take "٣", "1_0" and "inf"
         return 1.0
-    return min(max(value, 0.0), 3600.0) if math.isfinite(value) else 1.0
+    return min(float(value), 3600.0)
 
 
 def server_timing(headers: Mapping[str, str]) -> dict[str, float]:
@@ -82,9 +85,8 @@ def server_timing(headers: Mapping[str, str]) -> dict[str, float]:
         name, _, rest = metric.strip().partition(";")
         for param in rest.split(";"):
             key, _, value = param.strip().partition("=")
-            if key == "dur":
-                with contextlib.suppress(ValueError):
-                    found[name.strip()] = float(value)
+            if key == "dur" and _DECIMAL.fullmatch(value):
+                found[name.strip()] = float(value)
     return found
 
 
@@ -149,7 +151,7 @@ def parse_embeddings(
     binary = b""
     length = headers.get(BINARY_HEADER)
     if length is not None:
-        if not length.isdigit() or int(length) > len(body):
+        if not (length.isascii() and length.isdigit()) or int(length) > len(body):
             raise BadGateway(f"backend {backend} answered a bad {BINARY_HEADER}")
         body, binary = body[:int(length)], body[int(length):]
     try:

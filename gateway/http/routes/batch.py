@@ -21,6 +21,7 @@ from gateway.adapters.fields import check_keys, require_str
 from gateway.adapters.registry import BATCH_PATHS
 from gateway.batch.errors import BatchUnavailable
 from gateway.errors import (
+    GatewayError,
     MalformedRequest,
     PayloadTooLarge,
     UnsupportedMediaType,
@@ -51,6 +52,8 @@ def _guard(handler: Handler) -> Handler:
     async def run(request: web.Request) -> web.Response:
         try:
             return await handler(request)
+        except GatewayError:  # e.g. BodyTimeout, which is a TimeoutError (an OSError) too
+            raise
         except (RedisError, OSError):
             raise BatchUnavailable("the batch store is unreachable; try again shortly",
                                    retry_after_s=2.0) from None
@@ -138,7 +141,8 @@ def add(app: web.Application, service_of: ServiceOf) -> None:
         tenant, service = tenant_and(request)
         after = request.query.get("after") or None
         raw = request.query.get("limit", "20")
-        if not raw.isdigit() or not 1 <= int(raw) <= 100:
+        # isascii(): str.isdigit() also takes "²" (which int() refuses) and "٣" (which it reads).
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 100:
             raise ValidationFailed("limit", "must be an integer from 1 to 100")
         jobs, more = await service.jobs.page(tenant, after=after, limit=int(raw))
         data = [j.view() for j in jobs]
@@ -182,11 +186,21 @@ async def _read_form(request: web.Request, limit: int) -> tuple[str | None, str,
     purpose: str | None = None
     filename = "input.jsonl"
     data: bytes | None = None
+    extra = 0
     try:
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
             if not isinstance(part, BodyPartReader):
                 raise MalformedRequest("nested multipart bodies are not accepted")
+            if part.name not in ("file", "purpose"):
+                # Another form field: ignored, as OpenAI's API does, but its bytes count toward
+                # the file limit so that no number of parts reads an unbounded body.
+                while chunk := await part.read_chunk(_CHUNK):
+                    extra += len(chunk)
+                    if extra > limit:
+                        raise PayloadTooLarge(f"upload is over the limit of {limit} bytes "
+                                              "(batch.max_file_bytes)")
+                continue
             bound = limit if part.name == "file" else _FIELD_BYTES
             value = bytearray()
             while chunk := await part.read_chunk(_CHUNK):

@@ -4,7 +4,8 @@
 generated from the route registry (gateway/adapters/registry.py): what differs per route comes
 from its entry, what every cached route shares (cache and deadline headers, the answer's
 headers, the error answers) is written once below. The document is assembled once when the app
-is built and kept true by ``tests/gateway/http/test_openapi.py`` (every registered route is
+is built (less the ``/admin`` routes when they are off) and kept true by
+``tests/gateway/http/test_openapi.py`` (every registered route is
 documented with its methods and nothing else is; the request examples validate and are answered
 without a 4xx) and by the fuzzer that is driven by it.
 """
@@ -87,3 +88,14 @@ def document() -> dict[str, Any]:
 def load() -> bytes:
     """The document's bytes (built once per process)."""
     return orjson.dumps(document())
+
+
+def served(document: bytes, *, admin: bool) -> bytes:
+    """The document as this gateway serves it: without an admin token the ``/admin`` routes do
+    not exist (every ``/admin`` path is a plain 404), so they are left out of it."""
+    if admin:
+        return document
+    data = orjson.loads(document)
+    data["paths"] = {path: item for path, item in data["paths"].items()
+                     if not path.startswith("/admin/")}
+    return orjson.dumps(data)

@@ -38,7 +38,7 @@ CASES: list[tuple[str, str, Any, dict[str, str], int, str]] = [
     ("unknown model", "/v1/embeddings", {"model": "gpt-9", "input": "a"}, {}, 404,
      "model_not_found"),
     ("bad deadline", "/v1/embeddings", {"model": "minilm", "input": "a"},
-     {"X-Request-Timeout-Ms": "soon"}, 422, "invalid_request"),
+     {"X-Request-Timeout-Ms": "soon"}, 400, "invalid_header"),
     ("classify no labels", "/v1/classify", {"model": "minilm", "input": "a"}, {}, 422,
      "invalid_request"),
     ("classify dup labels", "/v1/classify", {"model": "minilm", "input": "a",

@@ -54,11 +54,15 @@ def test_without_an_admin_token_only_the_admin_routes_are_missing() -> None:
 
 
 async def test_the_document_is_served(gateway: GatewayFactory) -> None:
-    client = await gateway()
+    client = await gateway(admin_token=TOKEN)
     resp = await client.get("/openapi.json")
     assert resp.status == 200
     assert resp.content_type == "application/json"
     assert await resp.json() == DOC
+    # Without an admin token the /admin routes do not exist: neither does their documentation.
+    without = await (await (await gateway()).get("/openapi.json")).json()
+    assert without["paths"] == {p: v for p, v in DOC["paths"].items()
+                                if not p.startswith("/admin/")}
 
 
 @pytest.mark.parametrize("example", request_examples(DOC),

@@ -30,7 +30,7 @@ from tests.gateway.conftest import gateway_env
 
 PATHS = {s.path for s in settings_fields()}
 SECTIONS = ("cache", "cache.node", "redis", "routing", "admission", "admission.adaptive",
-            "quotas", "policies", "logging", "batch")
+            "quotas", "policies", "logging", "batch", "connections")
 
 
 def value_at(settings: Settings, path: str) -> Any:

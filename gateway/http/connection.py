@@ -1,0 +1,163 @@
+"""Per-connection read deadlines and the connection cap, enforced in aiohttp's protocol.
+
+aiohttp's ``RequestHandler`` (one per connection, an ``asyncio.Protocol``) parses bytes as
+they arrive in ``data_received`` and queues each complete request head with its body stream.
+It has no deadline for the head at all (its keep-alive timer is the only bound, and only while
+the connection is otherwise idle), and none for a body that trickles in. ``GuardedRequestHandler``
+adds, from ``ConnectionSettings``:
+
+- a head deadline: armed by the first byte of a request head, disarmed when the head is
+  complete; past it, 408 in the gateway's JSON error shape (when no response is being written
+  on the connection) and the connection closes;
+- a body deadline: armed when a head with a body is complete, disarmed when the body is; past
+  it the body stream fails with ``BodyTimeout``, which the handler reading it turns into a 408
+  through the error middleware, and the connection closes after that answer;
+- a cap on open connections per worker: one more is answered 503 with ``Retry-After`` and
+  closed before anything is read.
+
+Timers are loop ``call_at`` handles, so a slow client costs no task and delays nobody else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.streams import StreamReader
+
+from gateway.errors import GatewayError, Overloaded, RequestTimeout
+from gateway.http.middleware import SERVER_NAME, new_request_id
+
+log = logging.getLogger("gateway.http")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What ``GuardedRequestHandler`` enforces (from ``ConnectionSettings``)."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 1024
+
+
+class BodyTimeout(RequestTimeout, TimeoutError):
+    """The body did not arrive in time. A ``TimeoutError`` too: aiohttp's lingering read of an
+    unread body stops quietly on one, and the error middleware answers the 408 for a handler
+    that was reading."""
+
+
+class GuardedRequestHandler(web.RequestHandler):
+    """aiohttp's connection protocol with a head deadline, a body deadline and a cap."""
+
+    __slots__ = ("_body", "_body_timer", "_head_timer", "_limits")
+
+    def __init__(self, manager: Any, *, limits: ConnectionLimits | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._limits = limits or ConnectionLimits()
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body: StreamReader | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        manager = self._manager
+        if manager is not None and len(manager.connections) > self._limits.max_connections:
+            log.warning("connection refused: cap reached",
+                        extra={"max_connections": self._limits.max_connections})
+            self._answer_and_close(Overloaded(
+                f"this worker has {self._limits.max_connections} open connections; "
+                "retry shortly", reason="connections"))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._force_close or self._close:
+            super().data_received(data)
+            return
+        in_body = self._body is not None and not self._body.is_eof()
+        count = self._request_count
+        super().data_received(data)
+        if self._request_count != count:  # one or more heads completed
+            self._cancel_head()
+            last = self._messages[-1][1] if self._messages else None
+            self._body = last if isinstance(last, StreamReader) else None
+            self._cancel_body()
+            if self._body is not None and not self._body.is_eof():
+                self._body_timer = self._loop.call_later(self._limits.body_timeout_s,
+                                                         self._body_expired, self._body)
+        elif in_body:
+            if self._body is not None and self._body.is_eof():
+                self._cancel_body()
+        elif self._head_timer is None:  # the first bytes of a head
+            self._head_timer = self._loop.call_later(self._limits.header_timeout_s,
+                                                     self._head_expired)
+
+    def _process_keepalive(self) -> None:
+        # aiohttp's idle timer also fires while a head trickles in (it only sees "no request
+        # yet") and would close without an answer: the head deadline decides then.
+        if self._head_timer is not None:
+            self._keepalive_handle = None
+            return
+        super()._process_keepalive()
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self._force_close or self.transport is None:
+            return
+        log.info("request head not received in time",
+                 extra={"header_timeout_s": self._limits.header_timeout_s})
+        idle = self._waiter is not None and not self._waiter.done()
+        if idle:  # nothing being answered: the 408 cannot interleave with a response
+            self._answer_and_close(RequestTimeout(
+                f"the request head did not arrive within {self._limits.header_timeout_s:g} s"))
+        else:
+            self.force_close()
+
+    def _body_expired(self, body: StreamReader) -> None:
+        self._body_timer = None
+        if body.is_eof() or self.transport is None:
+            return
+        log.info("request body not received in time",
+                 extra={"body_timeout_s": self._limits.body_timeout_s})
+        self.close()  # after the 408 (or the handler's answer) the connection is done
+        body.set_exception(BodyTimeout(
+            f"the request body did not arrive within {self._limits.body_timeout_s:g} s"))
+
+    def _answer_and_close(self, error: GatewayError) -> None:
+        """Write ``error`` straight to the transport and close it (no request to answer)."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(raw_error(error, new_request_id()))
+        self.force_close()
+
+    def _cancel_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _cancel_body(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _disarm(self) -> None:
+        self._cancel_head()
+        self._cancel_body()
+
+
+def raw_error(error: GatewayError, request_id: str) -> bytes:
+    """A complete HTTP/1.1 response in the gateway's error shape, ending the connection."""
+    body = orjson.dumps({"error": {"type": error.type, "message": error.public_message,
+                                   "request_id": request_id}})
+    reason = {408: "Request Timeout", 503: "Service Unavailable"}.get(error.status, "Error")
+    lines = [f"HTTP/1.1 {error.status} {reason}", "Content-Type: application/json",
+             f"Content-Length: {len(body)}", "Connection: close", f"X-Request-Id: {request_id}",
+             f"Server: {SERVER_NAME}", *(f"{k}: {v}" for k, v in error.headers().items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + body
