@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gateway.routing.balancer import Router
     from gateway.settings import Settings
     from gateway.stats import Stats
+    from gateway.telemetry.sampler import History
     from gateway.upstream import Upstream
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings")
@@ -38,6 +39,8 @@ CACHE: web.AppKey[TieredCache] = web.AppKey("cache")
 ROUTER: web.AppKey[Router] = web.AppKey("router")
 UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream")
 STATS: web.AppKey[Stats] = web.AppKey("stats")
+HISTORY: web.AppKey[History] = web.AppKey("history")
+"""The host's last 15 minutes, one point a second (gateway/telemetry/sampler.py)."""
 FRAGMENTS: web.AppKey[FragmentCache] = web.AppKey("fragments")
 ADMISSION: web.AppKey[Admission] = web.AppKey("admission")
 BATCH: web.AppKey[BatchService] = web.AppKey("batch")
