@@ -328,8 +328,12 @@ async def test_dashboard_shows_an_error_when_stats_fail(aiohttp_client: Any) -> 
     async def page(request: web.Request) -> web.Response:
         return web.Response(body=html, content_type="text/html")
 
+    async def history(request: web.Request) -> web.Response:
+        return web.json_response({"interval_s": 1, "window_s": 900, "points": []})
+
     app.router.add_get("/dashboard", page)
     app.router.add_get("/dashboard/stats.json", broken)
+    app.router.add_get("/dashboard/history.json", history)
     client = await aiohttp_client(TestServer(app))
     dom = Dom(await run_chromium(str(client.make_url("/dashboard")), "--dump-dom"))
     assert "shown" in dom.classes["error-banner"]
