@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import os
 import re
+import threading
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,23 +34,30 @@ _KEEP = 3
 
 
 class MemoryRing:
-    """The last ``capacity`` points, oldest first."""
+    """The last ``capacity`` points, oldest first.
+
+    Thread-safe: the sampler may append from a worker thread while the loop answers ``since``.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._points: deque[Point] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
 
     def append(self, p: Point) -> None:
-        self._points.append(p)
+        with self._lock:
+            self._points.append(p)
 
     def since(self, t: float) -> list[Point]:
         """Points newer than ``t`` (epoch seconds), oldest first."""
-        if not self._points or self._points[-1]["t"] <= t:
-            return []
-        return [p for p in self._points if p["t"] > t]
+        with self._lock:
+            if not self._points or self._points[-1]["t"] <= t:
+                return []
+            return [p for p in self._points if p["t"] > t]
 
     def replace(self, points: Iterable[Point]) -> None:
-        self._points = deque(points, maxlen=self.capacity)
+        with self._lock:
+            self._points = deque(points, maxlen=self.capacity)
 
     def __len__(self) -> int:
         return len(self._points)
@@ -66,6 +74,7 @@ class FileRing(MemoryRing):
         self._seq = -1        # the newest segment this process has read or written
         self._offset = 0      # bytes of it consumed
         self._lines = 0       # complete lines in it
+        self._files = threading.Lock()  # one refresh or append at a time (threads of a worker)
 
     def _segments(self) -> list[int]:
         found = []
@@ -81,6 +90,10 @@ class FileRing(MemoryRing):
     def refresh(self) -> None:
         """Bring the mirror up to date with the files (a reader's job; the writer calls it once
         when it takes over, so it continues the history rather than starting a new one)."""
+        with self._files:
+            self._refresh()
+
+    def _refresh(self) -> None:
         segments = self._segments()
         if not segments:
             return
@@ -115,6 +128,10 @@ class FileRing(MemoryRing):
 
     def append(self, p: Point) -> None:
         """Add a point (the writer only: the caller holds the ``HostLock``)."""
+        with self._files:
+            self._append(p)
+
+    def _append(self, p: Point) -> None:
         if self._seq < 0 or self._lines >= self.segment_points:
             self._seq += 1
             self._offset = self._lines = 0

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 import pytest
@@ -26,7 +26,7 @@ import pytest
 from tests.conftest import REPO, free_port
 from tests.gateway.cdp import Browser
 from tests.gateway.conftest import BackendProc, gateway_env, stop_process, wait_ready
-from tests.gateway.test_dashboard import ARTIFACTS, chromium
+from tests.gateway.test_dashboard import ARTIFACTS, TOKEN, chromium, embed, ops_client
 
 TRAFFIC_S = float(os.environ.get("DASHBOARD_TRAFFIC_S", "6"))
 SIZES = [(1280, 800), (1366, 768), (1400, 900), (1920, 1080)]  # laptop 1366x768 among them
@@ -34,10 +34,12 @@ SIZES = [(1280, 800), (1366, 768), (1400, 900), (1920, 1080)]  # laptop 1366x768
 # Every section, the page and every table: content wider than its box is cut off or scrolls.
 _OVERFLOW = """(() => {
   const bad = [];
-  if (document.documentElement.scrollWidth > innerWidth) bad.push("page " + document.documentElement.scrollWidth);
+  const page = document.documentElement.scrollWidth;
+  if (page > innerWidth) bad.push("page " + page + ">" + innerWidth);
   for (const el of document.querySelectorAll("section, .kpi")) {
     if (el.scrollWidth > el.clientWidth + 1) {
-      bad.push((el.querySelector("h2, .label") || el).textContent + " " + el.scrollWidth + ">" + el.clientWidth);
+      const name = (el.querySelector("h2, .label") || el).textContent;
+      bad.push(name + " " + el.scrollWidth + ">" + el.clientWidth);
     }
   }
   return bad;
@@ -46,13 +48,13 @@ _OVERFLOW = """(() => {
 
 async def get_json(url: str) -> Any:
     # A new connection every time, so the kernel spreads them over both workers.
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
-        async with s.get(url) as reply:
-            assert reply.status == 200, await reply.text()
-            return await reply.json()
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as s, s.get(url) as reply:
+        assert reply.status == 200, await reply.text()
+        return await reply.json()
 
 
-async def send_traffic(base: str, seconds: float) -> int:
+async def send_traffic(base: str, seconds: float, *, tag: str = "") -> int:
     """Embeddings for ``seconds`` (at most 50 a second, 20,000 in all) on fresh connections,
     from a small set of texts (hits, and a new text now and then: misses); the count sent."""
     rng = random.Random(26)
@@ -63,7 +65,7 @@ async def send_traffic(base: str, seconds: float) -> int:
     async with aiohttp.ClientSession(connector=connector) as http:
         async def one(i: int) -> None:
             nonlocal sent
-            text = f"dashboard {rng.randrange(40)}" if i % 7 else f"dashboard new {i}"
+            text = f"dashboard {rng.randrange(40)}" if i % 7 else f"dashboard new {tag}{i}"
             async with http.post(f"{base}/v1/embeddings",
                                  json={"model": "minilm", "input": text}) as reply:
                 await reply.read()
@@ -82,21 +84,28 @@ def history_total(points: list[dict[str, Any]]) -> float:
     return float(sum(sum(p["requests"].values()) for p in points))
 
 
+@pytest.mark.timeout(240 + 2 * TRAFFIC_S)  # processes, traffic and a browser on a busy machine
 async def test_history_on_first_paint_with_two_workers(backend: BackendProc) -> None:
     exe = chromium()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--backend",
-             backend.url, "--workers", "2"], cwd=REPO, env=gateway_env(),
-            stdout=subprocess.DEVNULL, stderr=log)
+        proc = start_gateway(port, backend, log)
         try:
             await asyncio.to_thread(wait_ready, proc, f"{base}/readyz", timeout_s=90,
                                     what="gateway")
             await check_dashboard(exe, base)
         finally:
             stop_process(proc)
+
+
+def start_gateway(port: int, backend: BackendProc, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``python -m gateway serve --workers 2``: the default on this two-core machine, said
+    explicitly so the test holds on any."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--backend",
+         backend.url, "--workers", "2"], cwd=REPO, env=gateway_env(),
+        stdout=subprocess.DEVNULL, stderr=log)
 
 
 async def check_dashboard(exe: str, base: str) -> None:
@@ -161,15 +170,64 @@ async def check_dashboard(exe: str, base: str) -> None:
             shot = ARTIFACTS / f"dashboard-{width}.png"
             shot.write_bytes(await page.screenshot())
             assert shot.stat().st_size > 20_000
+        # The picture for docs/OPERATIONS.md: the page open while traffic goes on.
+        await page.size(1400, 900)
+        await page.open(f"{base}/dashboard")
+        live = asyncio.create_task(send_traffic(base, 8.0, tag="live "))
+        try:
+            await wait_for_render(page, renders=5)
+            shot = ARTIFACTS / "dashboard.png"
+            shot.write_bytes(await page.screenshot())
+        finally:
+            await live
+        assert shot.stat().st_size > 20_000
 
 
-async def wait_for_render(page: Browser) -> dict[str, str]:
+async def wait_for_render(page: Browser, renders: int = 1) -> dict[str, str]:
+    """The charts' data attributes once the page has drawn ``renders`` polls."""
     deadline = time.monotonic() + 60
     while True:
         charts: dict[str, str] = await page.evaluate(
             "Object.assign({}, (document.getElementById('charts') || {}).dataset || {})")
-        if charts.get("renders"):
+        if int(charts.get("renders", "0")) >= renders:
             return charts
         if time.monotonic() > deadline:
             pytest.fail(f"the page never rendered: {charts}")
         await asyncio.sleep(0.1)
+
+
+async def test_history_json(aiohttp_client: Any, backend: BackendProc) -> None:
+    """One worker: the history in memory, behind the admin token, ``since`` checked."""
+    client = await ops_client(aiohttp_client, backend, admin_token=TOKEN)
+    assert (await client.get("/dashboard/history.json")).status == 401
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for bad in ("abc", "nan", "inf", ""):
+        resp = await client.get("/dashboard/history.json", params={"since": bad}, headers=auth)
+        assert resp.status == 422, bad
+        error = (await resp.json())["error"]
+        assert error["type"] == "invalid_request" and error["message"].startswith("since:")
+
+    async def history(since: float = 0.0) -> Any:
+        resp = await client.get("/dashboard/history.json", params={"since": str(since)},
+                                headers=auth)
+        assert resp.status == 200 and resp.headers["Cache-Control"] == "no-store"
+        return await resp.json()
+
+    deadline = time.monotonic() + 30
+    while not (await history())["points"]:  # the first point: the sampler has a baseline
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+    await embed(client, ["history one", "history two"])
+    await embed(client, ["history one"])
+    while history_total((body := await history())["points"]) < 2:
+        assert time.monotonic() < deadline, body
+        await asyncio.sleep(0.2)
+    assert body["interval_s"] == 1.0 and body["window_s"] == 900.0
+    assert body["sampler_pid"] == os.getpid()
+    points = body["points"]
+    assert sum(p["requests"].get("MISS", 0) for p in points) == 1
+    assert sum(p["requests"].get("HIT", 0) for p in points) == 1
+    assert sum(p["items"].get("hit", 0) for p in points) == 1
+    assert [p["t"] for p in points] == sorted(p["t"] for p in points)
+    newest = points[-1]["t"]
+    assert all(p["t"] > newest for p in (await history(newest))["points"])
