@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,7 @@ async def test_history_on_first_paint_with_two_workers(backend: BackendProc) -> 
             await asyncio.to_thread(wait_ready, proc, f"{base}/readyz", timeout_s=90,
                                     what="gateway")
             await check_dashboard(exe, base)
+            await check_takeover(base)
         finally:
             stop_process(proc)
 
@@ -181,6 +183,25 @@ async def check_dashboard(exe: str, base: str) -> None:
         finally:
             await live
         assert shot.stat().st_size > 20_000
+
+
+async def check_takeover(base: str) -> None:
+    """The sampling worker dies: another takes over and the history so far stays."""
+    before = await get_json(f"{base}/dashboard/history.json")
+    first, last, pid = before["points"][0]["t"], before["points"][-1]["t"], before["sampler_pid"]
+    os.kill(pid, signal.SIGKILL)  # the kernel drops its flock; the supervisor starts another
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            after = await get_json(f"{base}/dashboard/history.json")
+        except (aiohttp.ClientError, AssertionError):  # a connection the dying worker held
+            after = before
+        if after["sampler_pid"] != pid and after["points"][-1]["t"] > last + 2:
+            break
+        assert time.monotonic() < deadline, "no worker took over the sampling"
+        await asyncio.sleep(0.5)
+    assert after["points"][0]["t"] == first
+    assert len(after["points"]) > len(before["points"])
 
 
 async def wait_for_render(page: Browser, renders: int = 1) -> dict[str, str]:
