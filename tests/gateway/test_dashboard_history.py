@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -169,9 +170,18 @@ async def check_dashboard(exe: str, base: str) -> None:
                 assert text[key] == f"{count:,} {cache} requests in the window"
             assert text["reserved"] == 4
             assert await page.evaluate(_OVERFLOW) == [], f"cut off at {width}x{height}"
+            # Hovering a chart reads out the values of the second under the mouse.
+            box = await page.evaluate("""(() => { const r = document.querySelector(
+              "#chart-rps .plot").getBoundingClientRect();
+              return {x: r.left + r.width * 0.995, y: r.top + r.height / 2}; })()""")
+            await page.call("Input.dispatchMouseEvent", type="mouseMoved", x=box["x"],
+                            y=box["y"])
+            tip = await page.evaluate("document.querySelector('#chart-rps .tip').innerText")
+            assert re.fullmatch(r"\d\d:\d\d:\d\d\nall: [0-9.]+\n(.+: [0-9.]+\n?)+", tip), tip
             shot = ARTIFACTS / f"dashboard-{width}.png"
             shot.write_bytes(await page.screenshot())
             assert shot.stat().st_size > 20_000
+
         # The picture for docs/OPERATIONS.md: the page open while traffic goes on.
         await page.size(1400, 900)
         await page.open(f"{base}/dashboard")
