@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from gateway.telemetry.access_log import AccessLog
     from gateway.telemetry.metrics import GatewayMetrics
     from gateway.telemetry.prometheus import MetricsObserver
+    from gateway.telemetry.sampler import History
     from gateway.tenants.quota.limiter import QuotaGate
     from gateway.tenants.store import TenantStore
     from gateway.upstream import Upstream
@@ -41,6 +42,8 @@ UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream")
 TRANSPORT: web.AppKey[Transport] = web.AppKey("transport")
 """Every backend call's transport (REST and gRPC by URL scheme), shared by upstream and health."""
 STATS: web.AppKey[Stats] = web.AppKey("stats")
+HISTORY: web.AppKey[History] = web.AppKey("history")
+"""The host's last 15 minutes, one point a second (gateway/telemetry/sampler.py)."""
 FRAGMENTS: web.AppKey[FragmentCache] = web.AppKey("fragments")
 ADMISSION: web.AppKey[Admission] = web.AppKey("admission")
 BATCH: web.AppKey[BatchService] = web.AppKey("batch")

@@ -30,9 +30,10 @@ from gateway.cache.keys import CacheKey
 from gateway.errors import BadRequest, GatewayError, Unauthorized, ValidationFailed
 from gateway.http import app_state as state
 from gateway.http.middleware import request_id_of
-from gateway.http.stats import Samples, tenant_usage
+from gateway.http.stats import tenant_usage
 from gateway.policy.loader import PolicyError
 from gateway.policy.model import SHARED_SCOPE, Policy
+from gateway.telemetry.samples import Samples
 from gateway.tenants.directory import TenantsError
 from gateway.tenants.quota.spec import TenantSpec
 

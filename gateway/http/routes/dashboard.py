@@ -1,4 +1,5 @@
-"""``GET /dashboard`` (the live ops page) and ``GET /dashboard/stats.json`` (the data it polls).
+"""``GET /dashboard`` (the live ops page), ``GET /dashboard/stats.json`` (the data it polls) and
+``GET /dashboard/history.json`` (the host's last minutes, drawn at once when the page opens).
 
 The page is one static file with its script and style inline and no outside assets, so it works
 on an air-gapped network. Its Content-Security-Policy allows exactly those inline blocks (by
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,6 +23,7 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
+from gateway.errors import ValidationFailed
 from gateway.http import app_state as state
 from gateway.http.routes.admin import authorize
 
@@ -73,4 +76,30 @@ async def stats_json(request: web.Request) -> web.Response:
     """The stats snapshot the page polls (the same JSON as ``GET /admin/stats``)."""
     authorize(request, allow_query=True)
     body = orjson.dumps(request.app[state.STATS].snapshot())
+    return web.Response(body=body, content_type="application/json", headers=_NO_STORE)
+
+
+async def history_json(request: web.Request) -> web.Response:
+    """The host's history: ``{"interval_s", "window_s", "sampler_pid", "points"}``.
+
+    ``?since=<epoch seconds>`` answers only the points after that time (the page asks for the
+    whole window once, then for what is new on every poll). Point fields:
+    gateway/telemetry/history.py.
+    """
+    authorize(request, allow_query=True)
+    raw = request.query.get("since", "0")
+    try:
+        since = float(raw)
+    except ValueError:
+        since = math.nan
+    if not math.isfinite(since):
+        raise ValidationFailed("since", "must be a time in seconds since the epoch, e.g. "
+                               "the t of the last point seen")
+    history = request.app[state.HISTORY]
+    body = orjson.dumps({
+        "interval_s": history.interval_s,
+        "window_s": history.window_s,
+        "sampler_pid": history.sampler_pid(),
+        "points": await history.points(since),
+    })
     return web.Response(body=body, content_type="application/json", headers=_NO_STORE)

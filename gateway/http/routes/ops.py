@@ -8,15 +8,19 @@ otherwise asks for the same token.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from aiohttp import web
 
 from gateway.http import app_state as state
 from gateway.http.routes import admin, dashboard
 from gateway.http.stats import Stats
+from gateway.telemetry.sampler import History
 
 
 def register(app: web.Application) -> None:
-    """Add ``/dashboard``, ``/dashboard/stats.json`` and (with a token) ``/admin/...``."""
+    """Add ``/dashboard``, ``/dashboard/stats.json``, ``/dashboard/history.json`` and (with a
+    token) ``/admin/...``."""
     if state.STATS not in app:
         app[state.STATS] = Stats(
             app[state.METRICS].registry, router=app[state.ROUTER], policies=app[state.POLICIES],
@@ -24,6 +28,10 @@ def register(app: web.Application) -> None:
         )
     app.router.add_get("/dashboard", dashboard.page_handler(dashboard.load_page()))
     app.router.add_get("/dashboard/stats.json", dashboard.stats_json)
+    if state.HISTORY not in app:
+        app[state.HISTORY] = History.for_registry(app[state.METRICS].registry)
+        app.cleanup_ctx.append(_sample_history)
+    app.router.add_get("/dashboard/history.json", dashboard.history_json)
     if app[state.SETTINGS].admin_token:
         app.router.add_get("/admin/stats", admin.stats)
         app.router.add_post("/admin/purge", admin.purge)
@@ -31,3 +39,12 @@ def register(app: web.Application) -> None:
         app.router.add_post("/admin/policies/reload", admin.reload_policies)
         app.router.add_get("/admin/tenants", admin.tenants)
         app.router.add_post("/admin/tenants/reload", admin.reload_tenants)
+
+
+async def _sample_history(app: web.Application) -> AsyncIterator[None]:
+    history = app[state.HISTORY]
+    history.start()
+    try:
+        yield
+    finally:
+        await history.stop()

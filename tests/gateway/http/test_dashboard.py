@@ -29,11 +29,12 @@ from gateway.app import create_app
 from gateway.http import app_state as state
 from gateway.http.routes import dashboard
 from gateway.http.routes.ops import register
-from gateway.http.stats import Stats, histogram_quantile, is_inference_route
+from gateway.http.stats import Stats
 from gateway.routing.balancer import Router
 from gateway.routing.config import BackendSpec, RoutingSettings
 from gateway.settings import load_settings
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.samples import histogram_quantile, is_inference_route
 from tests.conftest import REPO
 from tests.gateway.conftest import BackendProc
 
@@ -330,8 +331,12 @@ async def test_dashboard_shows_an_error_when_stats_fail(aiohttp_client: Any) -> 
     async def page(request: web.Request) -> web.Response:
         return web.Response(body=html, content_type="text/html")
 
+    async def history(request: web.Request) -> web.Response:
+        return web.json_response({"interval_s": 1, "window_s": 900, "points": []})
+
     app.router.add_get("/dashboard", page)
     app.router.add_get("/dashboard/stats.json", broken)
+    app.router.add_get("/dashboard/history.json", history)
     client = await aiohttp_client(TestServer(app))
     dom = Dom(await run_chromium(str(client.make_url("/dashboard")), "--dump-dom"))
     assert "shown" in dom.classes["error-banner"]
