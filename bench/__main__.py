@@ -4,6 +4,9 @@
 beside interactive load, a few minutes) and ``soak`` (10 minutes of mixed
 traffic under faults) run only by name: they are long and not part of ``all``.
 
+``hitratio`` replays key traces through the cache tiers against Belady's optimum (issue 27;
+``--quick`` for a short check), by name only.
+
 ``resilience`` kills a near-zone model server under steady load, with and without the retry
 policy (issue 15).
 
@@ -19,7 +22,7 @@ from collections.abc import Sequence
 
 ORDER = ("policy", "cache", "backend", "latency", "gateway", "overload", "tenants",
          "resilience")
-BY_NAME = ("fuzz", "soak", "batch")  # long runs, never part of "all"
+BY_NAME = ("fuzz", "soak", "batch", "hitratio")  # long runs, never part of "all"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

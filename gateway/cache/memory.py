@@ -1,7 +1,10 @@
 """L1: the in-process LRU, bounded by entry count and by bytes, with per-entry expiry.
 
 An ``OrderedDict`` kept in recency order (``move_to_end`` on a hit, ``popitem(last=False)`` to
-evict). Expired entries are dropped lazily: when looked up past their ``expires_at``, or when
+evict). With ``admission`` on (TinyLFU, ``sketch.py``), every lookup is counted in a frequency
+sketch and a new key enters a full cache only if it was asked for more often lately than the
+entry it would evict: a scan of one-off texts then passes by instead of flushing the entries
+everybody repeats (``bench/hitratio.py`` measures by how much). Expired entries are dropped lazily: when looked up past their ``expires_at``, or when
 they reach the LRU end under pressure. Everything runs on the event loop thread, so the sync
 ``get``/``set`` are safe and let the pipeline's hit path skip an ``await``.
 """
@@ -16,11 +19,14 @@ from itertools import islice
 
 from gateway.cache.entry import Entry
 from gateway.cache.settings import CacheSettings
+from gateway.cache.sketch import FrequencySketch
 from gateway.keys import CacheKey, scope_tag
 
 #: Rough per-entry cost beyond the value and meta bytes (key, Entry object, dict node), so that
 #: many tiny entries still count against ``max_bytes``.
 ENTRY_OVERHEAD = 240
+#: What an entry weighs, about (one 384-d float32 answer and the overhead): sizes the sketch.
+TYPICAL_ENTRY = 2048
 
 
 def entry_size(entry: Entry) -> int:
@@ -38,6 +44,7 @@ class MemoryStats:
     expirations: int
     entries: int
     bytes: int
+    rejections: int = 0  # new keys the admission filter kept out
 
 
 class MemoryCache:
@@ -46,7 +53,8 @@ class MemoryCache:
     name = "l1"
 
     def __init__(
-        self, max_entries: int, max_bytes: int, clock: Callable[[], float] = time.time
+        self, max_entries: int, max_bytes: int, clock: Callable[[], float] = time.time,
+        *, admission: bool = False,
     ) -> None:
         # Bounds are CacheSettings' to check (settings section ``cache``).
         self.max_entries = max_entries
@@ -58,12 +66,17 @@ class MemoryCache:
         self.misses = 0
         self.evictions = 0
         self.expirations = 0
+        self.rejections = 0
+        # Sized for the entries the cache can hold: a byte bound may allow far fewer.
+        held = min(max_entries, max(64, max_bytes // TYPICAL_ENTRY))
+        self._sketch = FrequencySketch(held) if admission else None
 
     @classmethod
     def from_settings(
         cls, settings: CacheSettings, clock: Callable[[], float] = time.time
     ) -> MemoryCache:
-        return cls(settings.max_entries, settings.max_bytes, clock)
+        return cls(settings.max_entries, settings.max_bytes, clock,
+                   admission=settings.admission)
 
     def __len__(self) -> int:
         return len(self._data)
@@ -73,14 +86,15 @@ class MemoryCache:
         return self._bytes
 
     def stats(self) -> MemoryStats:
-        return MemoryStats(
-            self.hits, self.misses, self.evictions, self.expirations, len(self._data), self._bytes
-        )
+        return MemoryStats(self.hits, self.misses, self.evictions, self.expirations,
+                           len(self._data), self._bytes, self.rejections)
 
     # -- sync fast paths ---------------------------------------------------------------------
 
     def get(self, key: CacheKey) -> Entry | None:
         """The entry (fresh or stale, the caller decides) or ``None`` once past ``expires_at``."""
+        if self._sketch is not None:
+            self._sketch.increment(hash(key))
         entry = self._data.get(key)
         if entry is None:
             self.misses += 1
@@ -95,18 +109,35 @@ class MemoryCache:
         return entry
 
     def set(self, key: CacheKey, entry: Entry) -> bool:
-        """Store (replacing any older entry); False when it is already expired or too big."""
-        old = self._data.pop(key, None)
+        """Store (replacing any older entry); False when it is already expired, too big, or a
+        new key the admission filter keeps out."""
+        data = self._data
+        old = data.pop(key, None)
         if old is not None:
             self._bytes -= entry_size(old)
         size = entry_size(entry)
-        if size > self.max_bytes or entry.expires_at <= self.clock():
+        now = self.clock()
+        if size > self.max_bytes or entry.expires_at <= now:
             return False
-        self._data[key] = entry
+        sketch = self._sketch
+        if (old is None and sketch is not None and data
+                and (len(data) >= self.max_entries or self._bytes + size > self.max_bytes)
+                and not self._admit(sketch, key, now)):
+            self.rejections += 1
+            return False
+        data[key] = entry
         self._bytes += size
         if len(self._data) > self.max_entries or self._bytes > self.max_bytes:
             self._shrink()
         return True
+
+    def _admit(self, sketch: FrequencySketch, key: CacheKey, now: float) -> bool:
+        """TinyLFU: does the new ``key`` earn the place of the LRU entry it would evict?
+        Ties go to the resident (a one-off key never displaces one seen as often)."""
+        victim, held = next(iter(self._data.items()))
+        if held.expires_at <= now:
+            return True
+        return sketch.estimate(hash(key)) > sketch.estimate(hash(victim))
 
     def delete(self, key: CacheKey) -> bool:
         entry = self._data.pop(key, None)

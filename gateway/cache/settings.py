@@ -67,12 +67,17 @@ class CacheSettings:
     """Most entries kept; the least recently used go first beyond it."""
     max_bytes: int = 256 * MiB
     """Most bytes kept (values, metadata and a fixed per-entry overhead)."""
+    admission: bool = True
+    """Frequency-aware admission (TinyLFU, gateway/cache/sketch.py): a new key enters a full L1
+    only if asked for more often lately than the entry it would evict, so one-off scans do not
+    flush what everybody repeats. Off: a plain LRU."""
     node: NodeCacheSettings = field(default_factory=NodeCacheSettings)
     """The cache this host's workers share (gateway/cache/node.py)."""
 
     def __post_init__(self) -> None:
         check.at_least("max_entries", self.max_entries, 1)
         check.at_least("max_bytes", self.max_bytes, 1)
+        check.boolean("admission", self.admission)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
