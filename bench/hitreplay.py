@@ -88,7 +88,7 @@ def replay_node(keys: list[CacheKey], sizes: np.ndarray, *, max_bytes: int,
             promotes: list[bytes] = []
             for i, (key, size) in enumerate(zip(keys, sizes.tolist(), strict=True)):
                 raw = encode_key(key)
-                assert raw is not None  # noqa: S101 (short bench keys)
+                assert raw is not None
                 if admit is not None:
                     admit.record((key,))
                 found, old = store.read([raw])

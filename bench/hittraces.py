@@ -20,8 +20,8 @@ OIP requests of several texts cached as one entry (``answer_sizes``).
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -97,7 +97,7 @@ def with_scans(keys: np.ndarray, fraction: float, *, first_key: int, seed: int =
     out = keys.copy()
     a, b = int(len(keys) * lo), int(len(keys) * hi)
     bursts = np.arange(a, b, SCAN_BURST)
-    chosen = rng.choice(len(bursts), size=int(round(len(bursts) * fraction)), replace=False)
+    chosen = rng.choice(len(bursts), size=round(len(bursts) * fraction), replace=False)
     mask = np.zeros(len(keys), dtype=bool)
     for start in bursts[np.sort(chosen)]:
         mask[start:min(start + SCAN_BURST, b)] = True

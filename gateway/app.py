@@ -26,6 +26,7 @@ from gateway.cache.memory import MemoryCache
 from gateway.cache.node import open_node_cache
 from gateway.cache.redis import RedisCache
 from gateway.cache.tiered import TieredCache
+from gateway.cache.tracefile import open_recorder
 from gateway.handlers import oip, openai, ops
 from gateway.handlers.common import rate_limit_headers
 from gateway.hot import HotAnswers
@@ -168,6 +169,8 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
                                     enabled=not settings.logging.request_text,
                                     node=app[state.CACHE].node)
         loop = asyncio.get_running_loop()
+        recorder = open_recorder(settings.cache.trace, clock)
+        app[state.CACHE].recorder = app[state.HOT].recorder = recorder
         if handle_signals:
             loop.add_signal_handler(signal.SIGHUP,
                                     lambda: pipeline.background.spawn(_reload(policies, tenants)))
@@ -181,6 +184,8 @@ def _lifetime(handle_signals: bool, clock: Callable[[], float]) -> Callable[
             await tenants.stop()
             await pipeline.drain()
             await app[state.CACHE].close()
+            if recorder is not None:
+                await loop.run_in_executor(None, recorder.close)
             await app[state.QUOTAS].close()
             await transport.close()
             await app[state.METRICS].tally.stop()

@@ -4,9 +4,10 @@ An ``OrderedDict`` kept in recency order (``move_to_end`` on a hit, ``popitem(la
 evict). With ``admission`` on (TinyLFU, ``sketch.py``), every lookup is counted in a frequency
 sketch and a new key enters a full cache only if it was asked for more often lately than the
 entry it would evict: a scan of one-off texts then passes by instead of flushing the entries
-everybody repeats (``bench/hitratio.py`` measures by how much). Expired entries are dropped lazily: when looked up past their ``expires_at``, or when
-they reach the LRU end under pressure. Everything runs on the event loop thread, so the sync
-``get``/``set`` are safe and let the pipeline's hit path skip an ``await``.
+everybody repeats (``bench/hitratio.py`` measures by how much). Expired entries are dropped
+lazily: when looked up past their ``expires_at``, or when they reach the LRU end under pressure.
+Everything runs on the event loop thread, so the sync ``get``/``set`` are safe and let the
+pipeline's hit path skip an ``await``.
 """
 
 from __future__ import annotations

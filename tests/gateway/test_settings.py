@@ -29,7 +29,7 @@ from tests.conftest import REPO
 from tests.gateway.conftest import gateway_env
 
 PATHS = {s.path for s in settings_fields()}
-SECTIONS = ("cache", "cache.node", "redis", "routing", "admission", "admission.adaptive",
+SECTIONS = ("cache", "cache.node", "cache.trace", "redis", "routing", "admission", "admission.adaptive",
             "quotas", "policies", "logging", "batch")
 
 
