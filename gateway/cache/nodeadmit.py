@@ -136,7 +136,7 @@ class NodeAdmission:
             probe = raw[:-16] + self._random.getrandbits(128).to_bytes(16, "little")
             if not cursor.set_range(probe):
                 cursor.first()
-            victim = cursor.key()
+            victim = bytes(cursor.key())
             if not victim or self.estimate(raw) > self.estimate(victim):
                 kept.append((raw, value))
             else:
