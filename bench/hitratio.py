@@ -16,9 +16,11 @@ check that it all runs, not figures to quote.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +80,6 @@ def run_trace(trace: hittraces.Trace, caps: Sequence[float], node_caps: Sequence
             row[tag] = hitreplay.replay_l1(keys, trace.sizes, max_entries=1 << 40,
                                            max_bytes=b, admission=adm).mean()
         rows.append(row)
-        print(_line(row), flush=True)
     return rows
 
 
@@ -123,6 +124,18 @@ def targets(rows: list[dict[str, float | str]]) -> None:
                   f"{'yes' if d1 <= 0.05 else 'no'} |")
 
 
+def _show(rows: list[dict[str, float | str]]) -> list[dict[str, float | str]]:
+    for row in rows:
+        print(_line(row), flush=True)
+    return rows
+
+
+def _children_cpu() -> float:
+    """CPU seconds of the worker processes that have exited (``--jobs``)."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench hitratio",
                                      description=__doc__.splitlines()[0] if __doc__ else None)
@@ -131,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a file of the gateway's trace recorder (repeatable)")
     parser.add_argument("--svg", default="bench/hitratio.svg", help="where the plot goes")
     parser.add_argument("--no-node", action="store_true", help="skip the node tier (LMDB)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="traces replayed at once, one process each (default: CPUs)")
     args = parser.parse_args(argv)
     t0, busy0 = time.monotonic(), busy_seconds()
     caps = QUICK_CAPS if args.quick else FULL_CAPS
@@ -143,12 +158,19 @@ def main(argv: list[str] | None = None) -> int:
     print("| trace | cap | " + " | ".join(COLUMNS) + " |")
     print("| --- | ---: | " + " | ".join("---:" for _ in COLUMNS) + " |")
     rows: list[dict[str, float | str]] = []
-    for trace in traces:
-        rows += run_trace(trace, caps, node_caps, per_byte)
+    jobs = max(1, min(args.jobs, len(traces)))
+    if jobs == 1:
+        for trace in traces:
+            rows += _show(run_trace(trace, caps, node_caps, per_byte))
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            for part in pool.map(run_trace, traces, *zip(*[(caps, node_caps, per_byte)]
+                                                          * len(traces), strict=True)):
+                rows += _show(part)
     targets(rows)
     hitplot.write_svg(rows, Path(args.svg))
     wall = time.monotonic() - t0
-    own = time.process_time()
+    own = time.process_time() + _children_cpu()
     other = max(0.0, busy_seconds() - busy0 - own)
     print(f"\nplot: {args.svg}; {wall:.0f} s wall, this process {own:.0f} s CPU, other "
           f"processes {other / wall:.2f} cores on average meanwhile")

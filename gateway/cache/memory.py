@@ -71,6 +71,8 @@ class MemoryCache:
         # Sized for the entries the cache can hold: a byte bound may allow far fewer.
         held = min(max_entries, max(64, max_bytes // TYPICAL_ENTRY))
         self._sketch = FrequencySketch(held) if admission else None
+        self._pending: list[CacheKey] | None = [] if admission else None
+        self._batch = self._sketch.batch if self._sketch is not None else 0
 
     @classmethod
     def from_settings(
@@ -94,8 +96,11 @@ class MemoryCache:
 
     def get(self, key: CacheKey) -> Entry | None:
         """The entry (fresh or stale, the caller decides) or ``None`` once past ``expires_at``."""
-        if self._sketch is not None:
-            self._sketch.increment(hash(key))
+        pending = self._pending
+        if pending is not None:  # admission on: count the lookup (in batches; sketch.py)
+            pending.append(key)
+            if len(pending) >= self._batch:
+                self._flush_counts(pending)
         entry = self._data.get(key)
         if entry is None:
             self.misses += 1
@@ -131,6 +136,10 @@ class MemoryCache:
         if len(self._data) > self.max_entries or self._bytes > self.max_bytes:
             self._shrink()
         return True
+
+    def _flush_counts(self, pending: list[CacheKey]) -> None:
+        if self._sketch is not None:
+            self._sketch.flush(pending, hashed=False)
 
     def _admit(self, sketch: FrequencySketch, key: CacheKey, now: float) -> bool:
         """TinyLFU: does the new ``key`` earn the place of the LRU entry it would evict?

@@ -3,12 +3,13 @@
 The node tier is shared by the host's worker processes, so its idea of "asked for often" must
 be too: a sketch per process would see a fraction of the traffic. The counters live in a small
 file beside the LMDB environment (``admission.sketch``), memory-mapped by every worker; each
-lookup counts its keys there (``record``, on the event loop: a few byte updates, no system
-call). Increments from two workers may race and lose a count now and then (see ``sketch.py``).
+lookup counts its keys there (``record``, on the event loop: queued, then counted in
+batches, no system call). Updates from two workers may race and lose a count now and then
+(see ``sketch.py``).
 
-Aging is shared too: each process adds its lookups to a counter in the file's header every
-``LOCAL_BATCH`` lookups, and the process that takes it past the sample period halves the table,
-under an ``flock`` so that two never halve it for the same period.
+Aging is shared too: each process counts its lookups in batches of up to ``LOCAL_BATCH`` and
+adds each batch to a counter in the file's header; the process that takes it past the sample
+period halves the table, under an ``flock`` so that two never halve it for the same period.
 
 Admission (``filter``, in the writer's transaction): while the previous generation holds
 entries the tier is full and every new key pushes others out, so a new key is written only if
@@ -29,13 +30,14 @@ from typing import Any
 
 import lmdb
 
-from gateway.cache.sketch import SAMPLE_FACTOR, FrequencySketch, buffer_size, table_width
+from gateway.cache.sketch import FrequencySketch, buffer_size, table_width
 from gateway.keys import CacheKey
 
 FILE = "admission.sketch"
 MAGIC = b"GWSK0001"
 _HEADER = struct.Struct("<8sQQ")  # magic, width, lookups counted since the last halving
 HEADER_SIZE = 64
+#: Lookups a process counts together before it adds them to the shared table and count.
 LOCAL_BATCH = 64
 #: Bytes an entry takes in the map, roughly (a 1.5 KB answer on LMDB pages): sizes the sketch.
 ENTRY_BYTES = 2048
@@ -43,36 +45,32 @@ ENTRY_BYTES = 2048
 
 def digest_hash(digest: bytes) -> int:
     """The sketch's hash of a key: 8 bytes of its xxh3-128 digest, the same in every process
-    (``hash()`` is salted per process)."""
-    return int.from_bytes(digest[:8], "little")
+    (``hash()`` is salted per process); signed, as numpy's int64 takes it."""
+    return int.from_bytes(digest[:8], "little", signed=True)
 
 
 class _SharedSketch(FrequencySketch):
     """A sketch in a shared map whose aging period counts every process's lookups."""
 
-    __slots__ = ("_fd", "_map", "period")
-
     def __init__(self, entries: int, fd: int, mapped: mmap.mmap) -> None:
         self._fd = fd
         self._map = mapped
-        self.period = SAMPLE_FACTOR * entries
-        super().__init__(entries, memoryview(mapped)[HEADER_SIZE:], sample=LOCAL_BATCH)
+        super().__init__(entries, mapped, offset=HEADER_SIZE)
+        self.batch = max(1, min(LOCAL_BATCH, self.sample // 16))
 
-    def age(self) -> None:
-        """Called every ``LOCAL_BATCH`` local lookups: add them to the shared count, and halve
-        the table when the count passes the period."""
-        self.size = 0
+    def counted(self, n: int) -> None:
+        """Add this batch to the shared count, and halve the table when the count passes the
+        period (once per period, whichever process gets there first)."""
         magic, width, total = _HEADER.unpack_from(self._map, 0)
-        total += LOCAL_BATCH
+        total += n
         _HEADER.pack_into(self._map, 0, magic, width, total)
-        if total < self.period:
+        if total < self.sample:
             return
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             magic, width, total = _HEADER.unpack_from(self._map, 0)
-            if total >= self.period:  # nobody halved it for this period meanwhile
-                super().age()
-                self.size = 0
+            if total >= self.sample:  # nobody halved it for this period meanwhile
+                self.age()
                 _HEADER.pack_into(self._map, 0, magic, width, total // 2)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -114,9 +112,8 @@ class NodeAdmission:
 
     def record(self, keys: Iterable[CacheKey]) -> None:
         """Count one lookup of each key (the event loop, on every node-tier lookup)."""
-        increment = self.sketch.increment
-        for key in keys:
-            increment(int.from_bytes(key.digest[:8], "little"))
+        self.sketch.add_many([int.from_bytes(k.digest[:8], "little", signed=True)
+                              for k in keys])
 
     def estimate(self, raw: bytes) -> int:
         """The count of a stored key (its LMDB form ends with the 16-byte digest)."""
@@ -143,8 +140,13 @@ class NodeAdmission:
                 self.rejected += 1
         return kept
 
+    def flush(self) -> None:
+        """Count the lookups still queued (so another process sees them)."""
+        self.sketch.flush()
+
     def close(self) -> None:
         sketch = self.sketch
+        sketch.flush()
         sketch.release()
         try:
             sketch._map.close()

@@ -23,17 +23,32 @@ def test_sketch_counts_after_the_doorkeeper_and_ages() -> None:
     s = FrequencySketch(100, sample=1000)
     h = hash(key(1))
     assert s.estimate(h) == 0
-    s.increment(h)
+    s.add(h)
+    assert s.estimate(h) == 0  # queued, not counted yet
+    s.flush()
     assert s.estimate(h) == 1  # the doorkeeper alone
-    for _ in range(9):
-        s.increment(h)
+    s.add_many([h] * 9)
+    s.flush()
     assert s.estimate(h) == 10
     assert s.estimate(hash(key(2))) <= 1  # never seen (a collision could add at most this)
     s.age()
     assert s.estimate(h) == 4  # 9 counted, halved; doorkeeper cleared
     for i in range(2000):  # the sample period passes: halved again on the way
-        s.increment(hash(key(1000 + i)))
+        s.add(hash(key(1000 + i)))
+    s.flush()
     assert s.estimate(h) <= 2
+
+
+def test_sketch_counts_repeats_within_one_batch_like_one_by_one() -> None:
+    one, many = FrequencySketch(1000), FrequencySketch(1000)
+    hashes = [hash(key(i % 7)) for i in range(40)]
+    for x in hashes:
+        one.add(x)
+        one.flush()
+    many.add_many(hashes)
+    many.flush()
+    assert [one.estimate(x) for x in hashes] == [many.estimate(x) for x in hashes]
+    assert many.estimate(hashes[0]) == 6  # 6 lookups of key 0: doorkeeper + 5 counted
 
 
 def test_a_scan_does_not_flush_the_frequent_keys_but_lru_would() -> None:
