@@ -26,6 +26,8 @@ from gateway.keys import CacheKey, scope_tag
 #: Rough per-entry cost beyond the value and meta bytes (key, Entry object, dict node), so that
 #: many tiny entries still count against ``max_bytes``.
 ENTRY_OVERHEAD = 240
+#: Least recently used entries a newcomer is weighed against (the least asked of them would go).
+VICTIMS = 8
 #: What an entry weighs, about (one 384-d float32 answer and the overhead): sizes the sketch.
 TYPICAL_ENTRY = 2048
 
@@ -142,12 +144,30 @@ class MemoryCache:
             self._sketch.flush(pending, hashed=False)
 
     def _admit(self, sketch: FrequencySketch, key: CacheKey, now: float) -> bool:
-        """TinyLFU: does the new ``key`` earn the place of the LRU entry it would evict?
-        Ties go to the resident (a one-off key never displaces one seen as often)."""
-        victim, held = next(iter(self._data.items()))
-        if held.expires_at <= now:
-            return True
-        return sketch.estimate(hash(key)) > sketch.estimate(hash(victim))
+        """TinyLFU: does the new ``key`` earn a place? It is weighed against the least asked
+        of the ``VICTIMS`` least recently used entries; if it wins, that entry goes first (the
+        LRU order then makes the rest of the room). Ties go to the resident: a one-off key
+        never displaces one asked as often. An expired entry among them is simply replaced."""
+        data = self._data
+        victim = None
+        least = 1 << 30
+        estimate = sketch.estimate
+        for k, held in islice(data.items(), VICTIMS):
+            if held.expires_at <= now:
+                victim, least = k, -1
+                break
+            f = estimate(hash(k))
+            if f < least:
+                victim, least = k, f
+        if victim is None or estimate(hash(key)) <= least:
+            return False
+        held = data.pop(victim)
+        self._bytes -= entry_size(held)
+        if least < 0:
+            self.expirations += 1
+        else:
+            self.evictions += 1
+        return True
 
     def delete(self, key: CacheKey) -> bool:
         entry = self._data.pop(key, None)

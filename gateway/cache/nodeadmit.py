@@ -39,6 +39,10 @@ _HEADER = struct.Struct("<8sQQ")  # magic, width, lookups counted since the last
 HEADER_SIZE = 64
 #: Lookups a process counts together before it adds them to the shared table and count.
 LOCAL_BATCH = 64
+#: Keys of the previous generation sampled per newcomer; it must be asked more than the most
+#: asked of them. Replayed (bench hitratio, Zipf 0.6/0.8 and scans at 1%/5%): 2 or 4 samples
+#: change the tier's hit ratio by at most 0.02 of the oracle, and lose on shifting popularity.
+VICTIMS = 1
 #: Bytes an entry takes in the map, roughly (a 1.5 KB answer on LMDB pages): sizes the sketch.
 ENTRY_BYTES = 2048
 
@@ -130,11 +134,8 @@ class NodeAdmission:
             if txn.get(raw, db=cur) is not None or txn.get(raw, db=prev) is not None:
                 kept.append((raw, value))  # a refresh of a stored key
                 continue
-            probe = raw[:-16] + self._random.getrandbits(128).to_bytes(16, "little")
-            if not cursor.set_range(probe):
-                cursor.first()
-            victim = bytes(cursor.key())
-            if not victim or self.estimate(raw) > self.estimate(victim):
+            bar = max(self._sample(cursor, raw) for _ in range(VICTIMS))
+            if self.estimate(raw) > bar:
                 kept.append((raw, value))
             else:
                 self.rejected += 1
@@ -143,6 +144,15 @@ class NodeAdmission:
     def flush(self) -> None:
         """Count the lookups still queued (so another process sees them)."""
         self.sketch.flush()
+
+    def _sample(self, cursor: lmdb.Cursor, raw: bytes) -> int:
+        """The count of a key picked at random from the previous generation (near ``raw``'s
+        model and scope when it has keys there)."""
+        probe = raw[:-16] + self._random.getrandbits(128).to_bytes(16, "little")
+        if not cursor.set_range(probe):
+            cursor.first()
+        victim = bytes(cursor.key())
+        return self.estimate(victim) if victim else -1
 
     def close(self) -> None:
         sketch = self.sketch

@@ -20,7 +20,7 @@ def key(i: int, scope: str = "tenant-a") -> CacheKey:
 
 
 def test_sketch_counts_after_the_doorkeeper_and_ages() -> None:
-    s = FrequencySketch(100, sample=1000)
+    s = FrequencySketch(10_000, sample=1000)  # wide: collisions do not blur the counts
     h = hash(key(1))
     assert s.estimate(h) == 0
     s.add(h)
