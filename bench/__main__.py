@@ -8,6 +8,9 @@ by name: they are long and not part of ``all``.
 ``providers`` times ONNX Runtime's CPU EP against the OpenVINO EP (in ``.venv-openvino``,
 which ``openvino_env`` builds) in one run; ``--quick`` for a short run.
 
+``hitratio`` replays key traces through the cache tiers against Belady's optimum (issue 27;
+``--quick`` for a short check), by name only.
+
 ``resilience`` kills a near-zone model server under steady load, with and without the retry
 policy (issue 15).
 
@@ -23,7 +26,7 @@ from collections.abc import Sequence
 
 ORDER = ("policy", "cache", "backend", "latency", "gateway", "overload", "tenants",
          "resilience")
-BY_NAME = ("fuzz", "soak", "batch", "cpu", "providers", "openvino_env", "sched")  # long
+BY_NAME = ("fuzz", "soak", "batch", "cpu", "providers", "openvino_env", "sched", "hitratio")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from gateway.cache.memory import MemoryCache
 from gateway.cache.node import open_node_cache
 from gateway.cache.redis import RedisCache
 from gateway.cache.tiered import TieredCache
+from gateway.cache.tracefile import open_recorder
 from gateway.http import app_state as state
 from gateway.http import batch_jobs as batch
 from gateway.http.middleware import make_error_middleware
@@ -125,7 +126,8 @@ def create_app(
     cache = TieredCache(l1, l2, node=node, observer=observer)
     app[state.CACHE] = cache
     app[state.FRAGMENTS] = FragmentCache()
-    lifetimes = [_telemetry, _stores, _transport, _policies, _tenants, _health, _pipeline(clock)]
+    lifetimes = [_telemetry, _stores, _transport, _policies, _tenants, _health, _pipeline(clock),
+                 _trace(clock)]
     app.cleanup_ctx.extend([*lifetimes, *([_sighup] if handle_signals else [])])
 
     cached.register(app)  # every route of the registry (gateway/adapters/registry.py)
@@ -238,6 +240,21 @@ def _pipeline(clock: Callable[[], float]) -> Callable[[web.Application], AsyncIt
             await pipeline.drain()
 
     return pipeline_lifetime
+
+
+def _trace(clock: Callable[[], float]) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def trace_lifetime(app: web.Application) -> AsyncIterator[None]:
+        """The cache trace recorder (``cache.trace``, off by default): the tiers and the hot
+        answers record into it; its file is closed off the loop."""
+        recorder = open_recorder(app[state.SETTINGS].cache.trace, clock)
+        app[state.CACHE].recorder = app[state.HOT].recorder = recorder
+        try:
+            yield
+        finally:
+            if recorder is not None:
+                await asyncio.get_running_loop().run_in_executor(None, recorder.close)
+
+    return trace_lifetime
 
 
 async def _sighup(app: web.Application) -> AsyncIterator[None]:

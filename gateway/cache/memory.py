@@ -1,9 +1,13 @@
 """L1: the in-process LRU, bounded by entry count and by bytes, with per-entry expiry.
 
 An ``OrderedDict`` kept in recency order (``move_to_end`` on a hit, ``popitem(last=False)`` to
-evict). Expired entries are dropped lazily: when looked up past their ``expires_at``, or when
-they reach the LRU end under pressure. Everything runs on the event loop thread, so the sync
-``get``/``set`` are safe and let the pipeline's hit path skip an ``await``.
+evict). With ``admission`` on (TinyLFU, ``sketch.py``), every lookup is counted in a frequency
+sketch and a new key enters a full cache only if it was asked for more often lately than the
+entry it would evict: a scan of one-off texts then passes by instead of flushing the entries
+everybody repeats (``bench/hitratio.py`` measures by how much). Expired entries are dropped
+lazily: when looked up past their ``expires_at``, or when they reach the LRU end under pressure.
+Everything runs on the event loop thread, so the sync ``get``/``set`` are safe and let the
+pipeline's hit path skip an ``await``.
 """
 
 from __future__ import annotations
@@ -17,10 +21,15 @@ from itertools import islice
 from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey, scope_tag
 from gateway.cache.settings import CacheSettings
+from gateway.cache.sketch import FrequencySketch
 
 #: Rough per-entry cost beyond the value and meta bytes (key, Entry object, dict node), so that
 #: many tiny entries still count against ``max_bytes``.
 ENTRY_OVERHEAD = 240
+#: Least recently used entries a newcomer is weighed against (the least asked of them would go).
+VICTIMS = 8
+#: What an entry weighs, about (one 384-d float32 answer and the overhead): sizes the sketch.
+TYPICAL_ENTRY = 2048
 
 
 def entry_size(entry: Entry) -> int:
@@ -38,6 +47,7 @@ class MemoryStats:
     expirations: int
     entries: int
     bytes: int
+    rejections: int = 0  # new keys the admission filter kept out
 
 
 class MemoryCache:
@@ -46,7 +56,8 @@ class MemoryCache:
     name = "l1"
 
     def __init__(
-        self, max_entries: int, max_bytes: int, clock: Callable[[], float] = time.time
+        self, max_entries: int, max_bytes: int, clock: Callable[[], float] = time.time,
+        *, admission: bool = False,
     ) -> None:
         # Bounds are CacheSettings' to check (settings section ``cache``).
         self.max_entries = max_entries
@@ -58,12 +69,19 @@ class MemoryCache:
         self.misses = 0
         self.evictions = 0
         self.expirations = 0
+        self.rejections = 0
+        # Sized for the entries the cache can hold: a byte bound may allow far fewer.
+        held = min(max_entries, max(64, max_bytes // TYPICAL_ENTRY))
+        self._sketch = FrequencySketch(held) if admission else None
+        self._pending: list[CacheKey] | None = [] if admission else None
+        self._batch = self._sketch.batch if self._sketch is not None else 0
 
     @classmethod
     def from_settings(
         cls, settings: CacheSettings, clock: Callable[[], float] = time.time
     ) -> MemoryCache:
-        return cls(settings.max_entries, settings.max_bytes, clock)
+        return cls(settings.max_entries, settings.max_bytes, clock,
+                   admission=settings.admission)
 
     def __len__(self) -> int:
         return len(self._data)
@@ -73,14 +91,18 @@ class MemoryCache:
         return self._bytes
 
     def stats(self) -> MemoryStats:
-        return MemoryStats(
-            self.hits, self.misses, self.evictions, self.expirations, len(self._data), self._bytes
-        )
+        return MemoryStats(self.hits, self.misses, self.evictions, self.expirations,
+                           len(self._data), self._bytes, self.rejections)
 
     # -- sync fast paths ---------------------------------------------------------------------
 
     def get(self, key: CacheKey) -> Entry | None:
         """The entry (fresh or stale, the caller decides) or ``None`` once past ``expires_at``."""
+        pending = self._pending
+        if pending is not None:  # admission on: count the lookup (in batches; sketch.py)
+            pending.append(key)
+            if len(pending) >= self._batch:
+                self._flush_counts(pending)
         entry = self._data.get(key)
         if entry is None:
             self.misses += 1
@@ -95,17 +117,56 @@ class MemoryCache:
         return entry
 
     def set(self, key: CacheKey, entry: Entry) -> bool:
-        """Store (replacing any older entry); False when it is already expired or too big."""
-        old = self._data.pop(key, None)
+        """Store (replacing any older entry); False when it is already expired, too big, or a
+        new key the admission filter keeps out."""
+        data = self._data
+        old = data.pop(key, None)
         if old is not None:
             self._bytes -= entry_size(old)
         size = entry_size(entry)
-        if size > self.max_bytes or entry.expires_at <= self.clock():
+        now = self.clock()
+        if size > self.max_bytes or entry.expires_at <= now:
             return False
-        self._data[key] = entry
+        sketch = self._sketch
+        if (old is None and sketch is not None and data
+                and (len(data) >= self.max_entries or self._bytes + size > self.max_bytes)
+                and not self._admit(sketch, key, now)):
+            self.rejections += 1
+            return False
+        data[key] = entry
         self._bytes += size
         if len(self._data) > self.max_entries or self._bytes > self.max_bytes:
             self._shrink()
+        return True
+
+    def _flush_counts(self, pending: list[CacheKey]) -> None:
+        if self._sketch is not None:
+            self._sketch.flush(pending, hashed=False)
+
+    def _admit(self, sketch: FrequencySketch, key: CacheKey, now: float) -> bool:
+        """TinyLFU: does the new ``key`` earn a place? It is weighed against the least asked
+        of the ``VICTIMS`` least recently used entries; if it wins, that entry goes first (the
+        LRU order then makes the rest of the room). Ties go to the resident: a one-off key
+        never displaces one asked as often. An expired entry among them is simply replaced."""
+        data = self._data
+        victim = None
+        least = 1 << 30
+        estimate = sketch.estimate
+        for k, held in islice(data.items(), VICTIMS):
+            if held.expires_at <= now:
+                victim, least = k, -1
+                break
+            f = estimate(hash(k))
+            if f < least:
+                victim, least = k, f
+        if victim is None or estimate(hash(key)) <= least:
+            return False
+        held = data.pop(victim)
+        self._bytes -= entry_size(held)
+        if least < 0:
+            self.expirations += 1
+        else:
+            self.evictions += 1
         return True
 
     def delete(self, key: CacheKey) -> bool:

@@ -36,6 +36,7 @@ from gateway.cache.base import CacheUnavailable
 from gateway.cache.deployment import Deployment
 from gateway.cache.entry import CacheCorrupt, Entry
 from gateway.cache.keys import CacheKey
+from gateway.cache.nodeadmit import NodeAdmission
 from gateway.cache.nodestore import (
     GenerationStore,
     KeyBytes,
@@ -113,6 +114,12 @@ class NodeCache:
         self._identity = model_identity
         self._observer: Observer = observer or NullObserver()
         self._store = GenerationStore(self.path, settings.max_bytes)
+        try:
+            self._admit = (NodeAdmission.open(self.path, self._store.map_size)
+                           if settings.admission else None)
+        except BaseException:
+            self._store.close()
+            raise
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-cache-writer")
         self._lock = threading.Lock()  # guards the queue between the loop and the writer
         self._queue: list[_Job] = []
@@ -134,6 +141,8 @@ class NodeCache:
         answered. Hits in the previous generation are queued to move into the current one."""
         if self._closed:
             return [None] * len(keys), False
+        if self._admit is not None:
+            self._admit.record(keys)
         try:
             values, old = self._store.read(self._encode(keys))
         except lmdb.Error as exc:
@@ -226,6 +235,8 @@ class NodeCache:
         await self.flush()
         self._closed = True
         await asyncio.get_running_loop().run_in_executor(None, self._writer.shutdown)
+        if self._admit is not None:
+            self._admit.close()
         self._store.close()
 
     def _submit(self, op: str, args: Any, items: int) -> None:
@@ -258,6 +269,8 @@ class NodeCache:
         done = result[0]
         self._observer.cache_stored("node", done.stored)
         self._observer.cache_evictions("node", done.evicted)
+        if done.rejected:
+            self._observer.cache_evictions("node", done.rejected, "rejected")
         self._observer.cache_bytes("node", done.bytes)
         return result
 
@@ -321,7 +334,8 @@ class NodeCache:
         # One transaction for the lot: each caller gets its own count, the first the evictions.
         for i, (_, (ps, _), fut) in enumerate(batch):
             fut.set_result((WriteResult(len(ps), result.evicted if i == 0 else 0,
-                                        result.rotations if i == 0 else 0, result.bytes), 0))
+                                        result.rotations if i == 0 else 0, result.bytes,
+                                        result.rejected if i == 0 else 0), 0))
 
     def _write_retrying(self, puts: list[tuple[KeyBytes, bytes]], promotes: list[KeyBytes],
                         deletes: list[KeyBytes]) -> tuple[WriteResult, int]:
@@ -332,7 +346,7 @@ class NodeCache:
         evicted = rotations = 0
         for attempt in range(3):
             try:
-                result, deleted = self._store.write(puts, promotes, deletes)
+                result, deleted = self._store.write(puts, promotes, deletes, admit=self._admit)
             except lmdb.MapFullError:
                 if attempt == 2:
                     raise
@@ -346,7 +360,7 @@ class NodeCache:
                 continue
             if rotations:
                 result = WriteResult(result.stored, result.evicted + evicted,
-                                     result.rotations + rotations, result.bytes)
+                                     result.rotations + rotations, result.bytes, result.rejected)
             return result, deleted
         raise AssertionError("unreachable")  # the loop returns or raises
 

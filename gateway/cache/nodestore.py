@@ -34,6 +34,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Protocol
 
 import lmdb
 import xxhash
@@ -101,6 +102,13 @@ def unpack_deadline(value: bytes) -> float:
     return float(_DEADLINE.unpack_from(value)[0])
 
 
+class Admission(Protocol):
+    """Decides, inside a write transaction, which new entries are written (``nodeadmit.py``)."""
+
+    def filter(self, txn: lmdb.Transaction, cur: Any, prev: Any,
+               puts: Sequence[tuple[KeyBytes, bytes]]) -> list[tuple[KeyBytes, bytes]]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class WriteResult:
     """What one write transaction did."""
@@ -109,6 +117,7 @@ class WriteResult:
     evicted: int = 0
     rotations: int = 0
     bytes: int = 0
+    rejected: int = 0  # new entries the admission filter kept out
 
 
 class GenerationStore:
@@ -119,6 +128,8 @@ class GenerationStore:
         self.map_size = max(max_bytes, MIN_MAP_BYTES)
         self.generation_bytes = int(self.map_size * (1.0 - RESERVE_FRACTION) / 2)
         self.env = open_env(path, self.map_size)
+        #: Entries both generations held after the last write, before any rotation it caused.
+        self.last_peak = 0
         try:
             with self.env.begin(write=True) as txn:
                 self._meta = self.env.open_db(b"meta", txn=txn)
@@ -190,17 +201,24 @@ class GenerationStore:
     # -- writes (the writer thread) --------------------------------------------------------------
 
     def write(self, puts: Sequence[tuple[KeyBytes, bytes]], promotes: Iterable[KeyBytes],
-              deletes: Iterable[KeyBytes] = ()) -> tuple[WriteResult, int]:
-        """One transaction: ``deletes``, then ``puts`` into the current generation, then moves of
-        ``promotes`` from the previous one (if still there and not newer in the current), then a
-        rotation if the current generation passed its bound. Returns what it did and how many
-        ``deletes`` existed. Raises ``lmdb.MapFullError`` (nothing written) when the map is full.
+              deletes: Iterable[KeyBytes] = (), *, admit: Admission | None = None,
+              ) -> tuple[WriteResult, int]:
+        """One transaction: ``deletes``, then ``puts`` into the current generation (those
+        ``admit`` lets in, when given), then moves of ``promotes`` from the previous one (if
+        still there and not newer in the current), then a rotation if the current generation
+        passed its bound. Returns what it did and how many ``deletes`` existed. Raises
+        ``lmdb.MapFullError`` (nothing written) when the map is full.
         """
         with self.env.begin(write=True) as txn:
             cur, prev = self._roles(txn)
             deleted = 0
             for raw in deletes:
                 deleted += int(txn.delete(raw, db=cur)) + int(txn.delete(raw, db=prev))
+            rejected = 0
+            if admit is not None and puts:
+                offered = len(puts)
+                puts = admit.filter(txn, cur, prev, puts)
+                rejected = offered - len(puts)
             stored = 0
             for raw, value in puts:
                 txn.put(raw, value, db=cur)
@@ -211,10 +229,13 @@ class GenerationStore:
                     txn.delete(raw, db=prev)
             evicted = rotations = 0
             if self._pages(txn, cur) >= self.generation_bytes:
+                self.last_peak = self._usage(txn)[1]
                 evicted = self._rotate(txn)
                 rotations = 1
-            used, _ = self._usage(txn)
-        return WriteResult(stored, evicted, rotations, used), deleted
+            used, entries = self._usage(txn)
+            if not rotations:
+                self.last_peak = entries
+        return WriteResult(stored, evicted, rotations, used, rejected), deleted
 
     def rotate(self) -> WriteResult:
         """Rotate now (one transaction): empty the previous generation and make it current."""

@@ -58,6 +58,10 @@ class NodeCacheSettings:
     each of two rotating generations; the rest is LMDB's working room."""
     ttl_s: float = 86_400.0
     """Longest any entry lives in this tier, whatever its own TTL."""
+    admission: bool = True
+    """Frequency-aware admission (gateway/cache/nodeadmit.py): once the tier is full a new key
+    is written only if asked for more often lately than a key the next rotation drops, counted
+    in a sketch every worker of the host shares. Off: every answer is written."""
 
     def directory(self, tag: str) -> str:
         """The directory to open: ``path``, else the default root + the deployment's tag."""
@@ -65,12 +69,35 @@ class NodeCacheSettings:
 
     def __post_init__(self) -> None:
         check.boolean("enabled", self.enabled)
+        check.boolean("admission", self.admission)
         if self.path is not None:
             check.label("path", self.path)
         if self.deployment is not None:
             check.label("deployment", self.deployment)
         check.at_least("max_bytes", self.max_bytes, MiB)
         check.positive("ttl_s", self.ttl_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceSettings:
+    """The cache trace recorder (settings section ``cache.trace``, gateway/cache/tracefile.py):
+    key hashes, tenant hashes, answer sizes and times of every lookup, never text, for
+    ``python -m bench hitratio --trace FILE`` to size the tiers from this traffic."""
+
+    enabled: bool = False
+    """Record. Each worker writes its own file: ``path`` with ``.<pid>`` appended."""
+    path: str = "cache-trace.bin"
+    """Where the records go (one file per worker process)."""
+    max_bytes: int = 64 * MiB
+    """Recording stops once a worker's file holds this much (29 bytes a lookup)."""
+    max_seconds: float = 3600.0
+    """Recording stops this long after the first record."""
+
+    def __post_init__(self) -> None:
+        check.boolean("enabled", self.enabled)
+        check.label("path", self.path)
+        check.at_least("max_bytes", self.max_bytes, 1024)
+        check.positive("max_seconds", self.max_seconds)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,12 +109,19 @@ class CacheSettings:
     """Most entries kept; the least recently used go first beyond it."""
     max_bytes: int = 256 * MiB
     """Most bytes kept (values, metadata and a fixed per-entry overhead)."""
+    admission: bool = True
+    """Frequency-aware admission (TinyLFU, gateway/cache/sketch.py): a new key enters a full L1
+    only if asked for more often lately than the entry it would evict, so one-off scans do not
+    flush what everybody repeats. Off: a plain LRU."""
     node: NodeCacheSettings = field(default_factory=NodeCacheSettings)
     """The cache this host's workers share (gateway/cache/node.py)."""
+    trace: TraceSettings = field(default_factory=TraceSettings)
+    """The trace recorder (off by default; docs/CACHE_SIZING.md)."""
 
     def __post_init__(self) -> None:
         check.at_least("max_entries", self.max_entries, 1)
         check.at_least("max_bytes", self.max_bytes, 1)
+        check.boolean("admission", self.admission)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,6 +27,7 @@ from gateway.cache.keys import CacheKey
 from gateway.cache.memory import MemoryCache
 from gateway.cache.node import NodeCache
 from gateway.cache.redis import RedisCache
+from gateway.cache.tracefile import STORE, TraceRecorder
 from gateway.telemetry.observer import NullObserver, Observer
 
 #: Background writes allowed in flight; beyond it ``set_many`` waits for the lower tiers.
@@ -46,6 +47,9 @@ class TieredCache:
         self._observer: Observer = observer or NullObserver()
         self._pending: set[asyncio.Task[None]] = set()
         self._l2_lookup = LookupCoalescer(l2).lookup if l2 is not None else None
+        self._l1_reported = (l1.evictions, l1.expirations, l1.rejections)
+        #: The trace recorder when ``cache.trace`` is on (set by the app).
+        self.recorder: TraceRecorder | None = None
 
     async def get_many(self, keys: Sequence[CacheKey], *, ttl_s: float = math.inf,
                        ) -> list[tuple[Entry | None, str]]:
@@ -76,6 +80,8 @@ class TieredCache:
         observe("l1", "hit", len(keys) - len(ask))
         observe("l1", "stale", l1_stale)
         observe("l1", "miss", len(ask) - l1_stale)
+        if self.recorder is not None:
+            self.recorder.record(keys, [e for e, _ in out])
         if ask and self.node is not None:
             ask = self._from_node(self.node, keys, ask, out, now, ttl_s)
         if not ask or self._l2_lookup is None:
@@ -135,12 +141,27 @@ class TieredCache:
         observe("node", "miss", len(ask) - hit - stale)
         return still
 
+    def _report_l1(self) -> None:
+        """L1's evictions by reason since the last report (L1 counts them on the hot path;
+        they reach the observer here, after stores, where they happen)."""
+        l1 = self.l1
+        now = (l1.evictions, l1.expirations, l1.rejections)
+        last = self._l1_reported
+        if now != last:
+            self._l1_reported = now
+            for reason, n, m in zip(("capacity", "expired", "rejected"), now, last, strict=True):
+                if n > m:
+                    self._observer.cache_evictions("l1", n - m, reason)
+
     async def set_many(
         self, items: Sequence[tuple[CacheKey, Entry]], *, background: bool = False
     ) -> None:
         """Store in L1 now and in the node tier and L2 (awaited, or as tracked tasks with
         ``background``)."""
         self._observer.cache_stored("l1", sum(self.l1.set(key, entry) for key, entry in items))
+        self._report_l1()
+        if self.recorder is not None:
+            self.recorder.record([k for k, _ in items], [e for _, e in items], STORE)
         if not items or (self.node is None and self.l2 is None):
             return
         items = list(items)

@@ -27,6 +27,7 @@ from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey
 from gateway.cache.memory import MemoryCache
 from gateway.cache.node import NodeCache
+from gateway.cache.tracefile import TraceRecorder
 from gateway.pipeline import Result
 from gateway.policy import Decision, Policy
 from gateway.policy.headers import RequestHeaders
@@ -68,6 +69,8 @@ class HotAnswers:
         self._items: OrderedDict[bytes, HotAnswer] = OrderedDict()
         self._bytes = 0
         self._headers_of: tuple[str, tuple[str, ...]] = ("", ())
+        #: The trace recorder when ``cache.trace`` is on (set by the app).
+        self.recorder: TraceRecorder | None = None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -126,6 +129,8 @@ class HotAnswers:
             self._drop(key)
             return None
         self._items.move_to_end(key)
+        if self.recorder is not None:
+            self.recorder.record(found.keys, found.entries)
         return found, max(e.age(now) for e in found.entries), len(lost)
 
     def _from_node(self, found: HotAnswer, lost: list[int]) -> bool:

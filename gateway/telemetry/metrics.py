@@ -100,8 +100,10 @@ class GatewayMetrics:
             ["tier"], registry=reg, multiprocess_mode="mostrecent",
         )
         self.cache_evictions = Counter(
-            "gateway_cache_evictions_total", "Entries a cache tier dropped to stay in its bound.",
-            ["tier"], registry=reg,
+            "gateway_cache_evictions_total",
+            "Entries a cache tier dropped or kept out, by reason: capacity (to stay in its "
+            "bound), expired, rejected (new entries its admission filter kept out).",
+            ["tier", "reason"], registry=reg,
         )
         self.compute_saved = Counter(
             "gateway_compute_saved_seconds_total",

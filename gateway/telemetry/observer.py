@@ -104,8 +104,10 @@ class Observer(Protocol):
     def cache_bytes(self, tier: str, n: int) -> None:
         """Bytes one tier holds now (the node tier: its pages, after a write)."""
 
-    def cache_evictions(self, tier: str, items: int) -> None:
-        """Entries one tier dropped to stay within its bound."""
+    def cache_evictions(self, tier: str, items: int, reason: str = "capacity") -> None:
+        """Entries one tier dropped or kept out, by ``reason``: ``capacity`` (to stay within
+        its bound), ``expired`` (past their deadline), ``rejected`` (new entries the admission
+        filter kept out)."""
 
     def upstream_batch(self, items: int) -> None:
         """Items in one backend call."""
@@ -226,7 +228,7 @@ class NullObserver:
     def cache_bytes(self, tier: str, n: int) -> None:
         pass
 
-    def cache_evictions(self, tier: str, items: int) -> None:
+    def cache_evictions(self, tier: str, items: int, reason: str = "capacity") -> None:
         pass
 
     def upstream_batch(self, items: int) -> None:

@@ -113,9 +113,9 @@ class MetricsObserver:
     def cache_bytes(self, tier: str, n: int) -> None:
         self.metrics.child(self.metrics.cache_bytes, tier).set(n)
 
-    def cache_evictions(self, tier: str, items: int) -> None:
+    def cache_evictions(self, tier: str, items: int, reason: str = "capacity") -> None:
         if items:
-            self.tally.inc(self.metrics.cache_evictions, (tier,), items)
+            self.tally.inc(self.metrics.cache_evictions, (tier, reason), items)
 
     def upstream_batch(self, items: int) -> None:
         self.tally.observe(self.metrics.upstream_batch, (), items)

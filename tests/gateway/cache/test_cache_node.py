@@ -39,8 +39,8 @@ class Recorder(NullObserver):
     def cache_errors(self, tier: str, items: int) -> None:
         self.counts[(tier, "error")] += items
 
-    def cache_evictions(self, tier: str, items: int) -> None:
-        self.counts[(tier, "evicted")] += items
+    def cache_evictions(self, tier: str, items: int, reason: str = "capacity") -> None:
+        self.counts[(tier, "evicted" if reason == "capacity" else reason)] += items
 
     def cache_bytes(self, tier: str, n: int) -> None:
         self.bytes[tier] = n
@@ -175,7 +175,8 @@ async def test_corrupt_values_are_misses_and_counted(open_node: Factory) -> None
 async def test_rotation_keeps_the_byte_bound_and_counts_evictions(
         open_node: Factory, tmp_path: Path) -> None:
     rec = Recorder()
-    node = open_node(observer=rec, max_bytes=2 * MiB)
+    # Admission off: it would keep these never-read keys out once the tier is full.
+    node = open_node(observer=rec, max_bytes=2 * MiB, admission=False)
     now = time.time()
     total = 3000  # ~1.7 KB each: about 5 MB written through a 2 MiB tier
     for start in range(0, total, 100):
@@ -210,7 +211,7 @@ async def test_a_hit_in_the_previous_generation_moves_into_the_current(
 
 async def test_a_batch_that_cannot_fit_is_dropped_not_raised(open_node: Factory) -> None:
     rec = Recorder()
-    node = open_node(observer=rec, max_bytes=MiB)
+    node = open_node(observer=rec, max_bytes=MiB, admission=False)
     now = time.time()
     huge = [(k(f"big {i}"), entry(bytes(64 * 1024), now)) for i in range(32)]  # 2 MiB at once
     assert await node.store(huge) == 0
@@ -226,7 +227,7 @@ async def test_a_full_map_rotates_and_a_pinned_snapshot_only_drops_writes(
     being reused: writes then fail as dropped writes, never as errors to the caller, and work
     again once it lets go."""
     rec = Recorder()
-    node = open_node(observer=rec, max_bytes=MiB)
+    node = open_node(observer=rec, max_bytes=MiB, admission=False)
     now = time.time()
     batch = 0
 

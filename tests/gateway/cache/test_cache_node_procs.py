@@ -38,7 +38,7 @@ class Quiet(NullObserver):
     def cache_bytes(self, tier: str, n: int) -> None:
         pass
 
-    def cache_evictions(self, tier: str, items: int) -> None:
+    def cache_evictions(self, tier: str, items: int, reason: str = "capacity") -> None:
         pass
 
 

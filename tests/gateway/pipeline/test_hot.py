@@ -103,7 +103,8 @@ async def test_key_covers_tenant_headers_path_and_directives(gateway: GatewayFac
 
 async def test_an_entry_l1_dropped_still_answers_hot_from_the_node_tier(
         gateway: GatewayFactory, backend: BackendProc) -> None:
-    client = await gateway(cache={"max_entries": 1})
+    # Admission off: it would keep BODY (asked three times) in L1 and the newcomer out.
+    client = await gateway(cache={"max_entries": 1, "admission": False})
     other = {"model": "minilm", "input": "another hot sentence"}
     for _ in range(3):
         _, first, _ = await post(client, "/v1/embeddings", BODY)

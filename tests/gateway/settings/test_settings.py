@@ -29,8 +29,8 @@ from tests.conftest import REPO
 from tests.gateway.conftest import gateway_env
 
 PATHS = {s.path for s in settings_fields()}
-SECTIONS = ("cache", "cache.node", "redis", "routing", "admission", "admission.adaptive",
-            "quotas", "policies", "logging", "batch", "connections")
+SECTIONS = ("cache", "cache.node", "cache.trace", "redis", "routing", "admission",
+            "admission.adaptive", "quotas", "policies", "logging", "batch", "connections")
 
 
 def value_at(settings: Settings, path: str) -> Any:

@@ -1,0 +1,66 @@
+"""bench hitratio: the yardsticks on traces with answers known by hand, and the replays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench import hitoptimal, hitreplay, hittraces
+from bench.__main__ import main as bench_main
+
+
+def test_belady_lru_and_oracle_on_a_trace_worked_by_hand() -> None:
+    keys = np.array([1, 2, 3, 1, 2, 4, 1, 2, 3, 4])
+    # LRU, 2 entries: every request misses (each key comes back after two others).
+    assert hitoptimal.lru(keys, 2).tolist() == [False] * 10
+    # MIN, 2 entries: keeps 1 and 2 (asked again soonest): hits at 3, 4, 6, 7.
+    assert np.flatnonzero(hitoptimal.belady(keys, 2)).tolist() == [3, 4, 6, 7]
+    # Oracle, 2 entries: 1 and 2 (three requests each); first requests still miss.
+    assert np.flatnonzero(hitoptimal.oracle(keys, 2)).tolist() == [3, 4, 6, 7]
+    # 3 entries: LRU keeps 1, 2 and one of 3/4; MIN is never below LRU.
+    assert hitoptimal.belady(keys, 3).sum() >= hitoptimal.lru(keys, 3).sum()
+
+
+def test_belady_by_bytes_skips_what_does_not_fit() -> None:
+    keys = np.array([1, 2, 1, 2, 1])
+    sizes = np.array([10, 100, 10, 100, 10])
+    hits = hitoptimal.belady(keys, 50, sizes=sizes)
+    assert hits.tolist() == [False, False, True, False, True]
+    assert hitoptimal.lru(keys, 50, sizes=sizes).tolist() == hits.tolist()
+
+
+def test_the_real_l1_without_admission_is_exactly_lru() -> None:
+    trace = hittraces.synthetic(quick=True)[3]  # zipf-0.8
+    keys = hitreplay.cache_keys(trace.keys, trace.tenants)
+    for cap in (40, 400):
+        real = hitreplay.replay_l1(keys, trace.sizes, max_entries=cap, max_bytes=1 << 50,
+                                   admission=False)
+        assert (real == hitoptimal.lru(trace.keys, cap)).all()
+
+
+def test_admission_beats_lru_on_zipf_with_scans() -> None:
+    trace = next(t for t in hittraces.synthetic(quick=True) if t.name == "zipf-0.8+scan50")
+    keys = hitreplay.cache_keys(trace.keys, trace.tenants)
+    cap = 200
+    lru = hitreplay.replay_l1(keys, trace.sizes, max_entries=cap, max_bytes=1 << 50,
+                              admission=False).mean()
+    tlfu = hitreplay.replay_l1(keys, trace.sizes, max_entries=cap, max_bytes=1 << 50,
+                               admission=True).mean()
+    oracle = hitoptimal.oracle(trace.keys, cap).mean()
+    assert lru < tlfu <= hitoptimal.belady(trace.keys, cap).mean()
+    assert tlfu > 0.6 * oracle
+
+
+def test_node_tier_replay_holds_about_its_bound() -> None:
+    keys = np.arange(3000, dtype=np.int64)
+    ck = hitreplay.cache_keys(np.concatenate([keys, keys]), np.zeros(6000, dtype=np.int8))
+    hits, peak = hitreplay.replay_node(ck, np.full(6000, 1536), max_bytes=1 << 20,
+                                       admission=False)
+    assert 100 < peak < 3000  # a 1 MiB map holds a few hundred 1.5 KB entries at most
+    assert hits[:3000].sum() == 0
+
+
+def test_hitratio_quick_runs(capsys: pytest.CaptureFixture[str], tmp_path: object) -> None:
+    assert bench_main(["hitratio", "--quick", "--svg", f"{tmp_path}/h.svg"]) == 0
+    out = capsys.readouterr().out
+    assert "| zipf-0.8 | 5% |" in out and "L1+tlfu / oracle" in out
