@@ -59,11 +59,15 @@ class FakeModel:
     fail: int | None = None
     texts: list[list[str]] = field(default_factory=list)
     """The texts of every request that reached it, in order."""
+    gate: asyncio.Event | None = None
+    """While set to an unset event, every call waits for it (a request held in flight)."""
 
     async def __call__(self, request: Request) -> Reply:
         doc = orjson.loads(request.body or b"{}")
         texts = [t for tensor in doc["inputs"] for t in tensor["data"]]
         self.texts.append(texts)
+        if self.gate is not None:
+            await self.gate.wait()
         await asyncio.sleep(0.005)  # a real call yields: identical requests meet in flight
         if self.fail is not None:
             return Reply(self.fail, b'{"error": "down"}', {})
@@ -127,10 +131,10 @@ class Rig:
     route: str
 
     async def ask(self, text: str, *, cache_control: str | None = None,
-                  timeout_s: float = 5.0) -> tuple[Result, bytes]:
+                  timeout_s: float = 5.0, tenant: str = "public") -> tuple[Result, bytes]:
         path, body, parse = ROUTES[self.route]
         call = parse(body(text))
-        ctx = RequestContext(request_id="t", route=path, tenant="public",
+        ctx = RequestContext(request_id="t", route=path, tenant=tenant,
                              deadline=time.monotonic() + timeout_s,
                              directives=CacheDirectives.parse(cache_control))
         result = await self.pipeline.run(ctx, call)
