@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,8 @@ from gateway.routing import BackendSpec, Router, RoutingSettings
 from gateway.upstream import MemoryTransport, Reply, Request, Upstream
 
 OIP_ROUTE = "/v2/models/{name}/infer"
+Charge = Callable[[int, int], Awaitable[None]]
+"""The tenant's quota charge: (texts going to a backend, texts answered from cache)."""
 
 
 class WallClock:
@@ -131,12 +133,13 @@ class Rig:
     route: str
 
     async def ask(self, text: str, *, cache_control: str | None = None,
-                  timeout_s: float = 5.0, tenant: str = "public") -> tuple[Result, bytes]:
+                  timeout_s: float = 5.0, tenant: str = "public",
+                  charge: Charge | None = None) -> tuple[Result, bytes]:
         path, body, parse = ROUTES[self.route]
         call = parse(body(text))
         ctx = RequestContext(request_id="t", route=path, tenant=tenant,
                              deadline=time.monotonic() + timeout_s,
-                             directives=CacheDirectives.parse(cache_control))
+                             directives=CacheDirectives.parse(cache_control), charge=charge)
         result = await self.pipeline.run(ctx, call)
         return result, call.render(result)
 

@@ -112,3 +112,29 @@ async def test_the_followers_answer_equals_a_fresh_one(route: str, text: str,
     assert body == fresh_body
     assert [(o.value, o.meta) for o in result.outcomes] == [
         (o.value, o.meta) for o in fresh.outcomes]
+
+
+@routes
+async def test_a_cancelled_follower_leaves_the_leader_and_other_followers_served(
+        route: str, tmp_path: Path) -> None:
+    rig = await build(route, write_policy(tmp_path))
+    gate = asyncio.Event()
+    rig.model.gate = gate
+    leader = asyncio.create_task(rig.ask(CLEAN, tenant="acme"))
+    for _ in range(1000):
+        if rig.model.calls:
+            break
+        await asyncio.sleep(0)
+    followers = [asyncio.create_task(rig.ask(CLEAN, tenant="acme")) for _ in range(3)]
+    for _ in range(10):  # let every follower reach its flight
+        await asyncio.sleep(0)
+    followers[1].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await followers[1]
+    gate.set()
+    led, body = await asyncio.wait_for(leader, 5)
+    others = [await asyncio.wait_for(f, 5) for f in (followers[0], followers[2])]
+    assert led.cache_status == "MISS"
+    assert [r.cache_status for r, _ in others] == ["COALESCED", "COALESCED"]
+    assert [b for _, b in others] == [body, body]
+    assert rig.model.calls == 1, "the cancelled follower neither cancelled nor repeated the call"
