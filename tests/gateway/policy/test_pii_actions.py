@@ -99,3 +99,37 @@ def test_every_field_of_a_request_is_checked(name: str) -> None:
     assert [i.store for i in d.items] == [True, True, False]
     with pytest.raises(PolicyRejected):
         evaluate_groups(policy(every("reject")), groups=groups, **ARGS)
+
+
+def test_evaluate_matches_the_rule_by_route_model_tenant_and_header() -> None:
+    from gateway.policy import Match
+
+    rules = (
+        Rule(name="by-route", match=Match(routes=("/v1/rank",))),
+        Rule(name="by-model", match=Match(models=("big-*",))),
+        Rule(name="by-tenant", match=Match(tenants=("beta",))),
+        Rule(name="by-header", match=Match(headers={"x-team": "search"})),
+        Rule(name="rest"),
+    )
+    p = Policy(version="v1", rules=rules)
+
+    def rule(**changes: Any) -> str:
+        return evaluate(p, texts=["t"], **{**ARGS, **changes}).rule.name
+
+    assert rule() == "rest"
+    assert rule(route="/v1/rank") == "by-route"
+    assert rule(model="big-one") == "by-model"
+    assert rule(tenant="beta") == "by-tenant"
+    assert rule(headers={"x-team": "search"}) == "by-header"
+
+
+def test_explain_names_every_field_of_the_decision() -> None:
+    d = evaluate(policy(every("no_store")), texts=["clean", f"see {VALUES['ip']}"], **ARGS)
+    assert d.explain() == {
+        "rule": "r", "rule_origin": d.rule.origin, "policy_version": "v1", "trail": "r@v1",
+        "cacheable": True, "cache": True, "scope": "tenant", "scope_key": "acme",
+        "ttl_s": d.rule.ttl_s, "stale_while_revalidate_s": d.rule.stale_while_revalidate_s,
+        "stale_if_error_s": d.rule.stale_if_error_s,
+        "normalization": d.rule.normalization.fingerprint, "detectors": ["ip"],
+        "actions": {"ip": "no_store"}, "items": 2, "not_stored": [1],
+    }
