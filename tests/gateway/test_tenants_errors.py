@@ -66,3 +66,56 @@ def test_unknown_top_level_fields_are_named_with_their_line(tmp_path: Path) -> N
         """)
     assert str(err.value) == (f"{tmp_path / 'tenants.yaml'}:4: tennants: unknown field; "
                               "allowed: tenants, defaults")
+
+
+def test_every_problem_of_a_file_is_listed_with_its_line(tmp_path: Path) -> None:
+    digest = key_digest("k")
+    with pytest.raises(TenantsError) as err:
+        load(tmp_path, f"""
+            defaults: 3
+            tenants:
+              shared:
+                api_keys_sha256: []
+              bad id:
+                api_keys_sha256: []
+              nokeys: {{}}
+              acme:
+                api_keys_sha256: ["{digest}", "{digest}", "xyz"]
+              beta:
+                api_keys_sha256: ["{digest}"]
+        """)
+    name = tmp_path / "tenants.yaml"
+    assert str(err.value).splitlines() == [
+        f"{name}:1: defaults: expected a mapping of weight, priority, quota",
+        f"{name}:3: tenants.shared: 'shared' is reserved (the shared cache scope)",
+        f"{name}:5: tenants.bad id: tenant id 'bad id': use 1-64 letters, digits, '.', '_' or '-'",
+        f"{name}:7: tenants.nokeys: expected 'api_keys_sha256': a list of SHA-256 hex digests",
+        f"{name}:9: tenants.acme.api_keys_sha256[1]: duplicate key",
+        f"{name}:9: tenants.acme.api_keys_sha256[2]: not a SHA-256 digest (64 hex characters)",
+        f"{name}:11: tenants.beta.api_keys_sha256[0]: key already belongs to tenant 'acme'",
+    ]
+
+
+def test_the_defaults_apply_to_every_tenant(tmp_path: Path) -> None:
+    tenants = load(tmp_path, f"""
+        defaults:
+          weight: 3
+        tenants:
+          acme:
+            api_keys_sha256: ["{key_digest('k')}"]
+    """)
+    assert tenants.default.weight == 3
+    assert tenants.spec("acme").weight == 3 and tenants.spec("unknown").weight == 3
+
+
+def test_unreadable_and_malformed_files_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_bytes("tenants: {acme: {api_keys_sha256: ['\u00e9']}}".encode("latin-1"))
+    with pytest.raises(TenantsError) as err:
+        Tenants.load(path)
+    assert str(err.value).startswith(f"{path}: cannot read: ")
+    path.write_text("tenants: [unclosed\n", encoding="utf-8")
+    with pytest.raises(TenantsError) as err:
+        Tenants.load(path)
+    assert str(err.value).startswith(f"{path}:")
+    assert "\n" not in str(err.value) and ":?:" not in str(err.value)
