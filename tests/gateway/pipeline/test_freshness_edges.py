@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,7 @@ from gateway.observe import NullObserver
 from gateway.pipeline import Result
 from gateway.pipeline.call import Outcome
 from gateway.pipeline.freshness import stale_if_error
+from gateway.policy.store import PolicyStore
 from tests.gateway.pipeline.rig import Rig, build, write_policy
 
 
@@ -130,3 +132,59 @@ async def test_request_text_is_not_logged_by_default(tmp_path: Path,
     with caplog.at_level(logging.DEBUG, logger="gateway.pipeline"):
         await embed(rig, ["a secret sentence"])
     assert any(r.__dict__.get("texts") == ["a secret sentence"] for r in caplog.records)
+
+
+async def test_the_result_and_context_carry_the_decision(tmp_path: Path) -> None:
+    rig = await build("embeddings", write_policy(tmp_path))
+    call = parse_embeddings({"model": "minilm", "input": ["a"]}, lambda _name: "minilm")
+    ctx = RequestContext(request_id="t", route="/v1/embeddings", tenant="acme",
+                         deadline=time.monotonic() + 0.5)  # under a second left still calls
+    result = await rig.pipeline.run(ctx, call)
+    assert (result.cache_status, ctx.cache_status) == ("MISS", "MISS")
+    assert result.decision.rule.name == "default"
+    assert ctx.policy_tag == result.decision.trail and ctx.policy_tag.startswith("default@unit-1")
+    assert result.age_s == 0 and result.outcomes[0].age_s == 0
+    entry = (await embed(rig, ["a"])).outcomes[0].entry
+    assert entry is not None and entry.compute_ms == pytest.approx(2.0)  # the backend's compute
+
+
+async def test_a_new_model_version_misses_and_an_unknown_one_is_keyed_apart(
+        tmp_path: Path) -> None:
+    rig = await build("embeddings", write_policy(tmp_path))
+    await embed(rig, ["a"])
+    assert statuses(await embed(rig, ["a"])) == ["HIT"]
+    rig.pipeline.model_version = lambda _m: "2"
+    assert statuses(await embed(rig, ["a"])) == ["MISS"]
+    rig.pipeline.model_version = lambda _m: None
+    assert statuses(await embed(rig, ["a"])) == ["MISS"]
+    assert statuses(await embed(rig, ["a"])) == ["HIT"]
+    rig.pipeline.model_version = lambda m: {"minilm": "2"}.get(m)
+    assert statuses(await embed(rig, ["a"])) == ["HIT"], "the version is asked for this model"
+
+
+async def test_the_shadow_policy_sees_the_same_request(tmp_path: Path) -> None:
+    active = write_policy(tmp_path)
+    shadow_dir = tmp_path / "shadow"
+    shadow_dir.mkdir()
+    shadow = write_policy(shadow_dir, n=9, email="off")
+    rig = await build("embeddings", active)
+    rig.pipeline.policies = PolicyStore([active], shadow_paths=[shadow])
+    seen: list[tuple[Any, Any]] = []
+    rig.pipeline.policies.compare_shadow = (  # type: ignore[method-assign]
+        lambda a, s: seen.append((a, s)) or ())
+    call = parse_embeddings({"model": "minilm", "input": ["mail jane.doe@example.com"]},
+                            lambda _name: "minilm")
+    ctx = RequestContext(request_id="t", route="/v1/embeddings", tenant="acme",
+                         deadline=time.monotonic() + 5.0, headers={"x-team": "search"})
+    result = await rig.pipeline.run(ctx, call)
+    ((a, s),) = seen
+    assert a is result.decision and a.items[0].store is False
+    assert s.policy_version.startswith("unit-9") and s.items[0].store is True and s.scope == "acme"
+    assert s.rule.name == "default"
+    card = write_policy(shadow_dir, n=10, email="reject")
+    await rig.pipeline.policies.reload()
+    assert card == shadow
+    seen.clear()
+    again = await embed(rig, ["mail jane.doe@example.com"])
+    assert again.outcomes[0].status == "MISS", "a shadow rejection never fails the request"
+    assert seen == [(again.decision, None)]
