@@ -133,3 +133,11 @@ def test_explain_names_every_field_of_the_decision() -> None:
         "normalization": d.rule.normalization.fingerprint, "detectors": ["ip"],
         "actions": {"ip": "no_store"}, "items": 2, "not_stored": [1],
     }
+
+
+def test_findings_come_in_text_order_and_a_longer_span_masks_a_shorter_one() -> None:
+    from gateway.policy.pii import Finding, redact, scan
+
+    text = "host 10.0.0.1 mail jane.doe@example.com"
+    assert [f.detector for f in scan(text, {"email", "ip"})] == ["ip", "email"]
+    assert redact("abcdef!", [Finding("phone", 0, 3), Finding("card", 0, 6)]) == "[CARD]!"
