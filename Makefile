@@ -12,8 +12,10 @@ BACKEND_GRPC_PORT ?=
 GATEWAY_PORT ?= 8080
 POLICIES ?= policies
 PYTEST_ARGS ?=
+MUTATE_CHILDREN ?= 3
+MUTATE_ARGS ?=
 
-.PHONY: run test lint bench fuzz soak model venv clean openvino
+.PHONY: run test lint bench fuzz soak mutate model venv clean openvino
 
 venv: $(STAMP)
 
@@ -62,10 +64,17 @@ fuzz: $(STAMP) $(MODEL)
 soak: $(STAMP) $(MODEL)
 	$(PY) -m bench soak $(SOAK_ARGS)
 
+# Mutation testing of the modules listed in pyproject.toml [tool.mutmut] (docs/MUTATION.md),
+# niced: the machine is shared. Results are cached in mutants/: a rerun tests only what changed.
+# MUTATE_ARGS=... passes mutant names (globs) to `mutmut run`; the score covers all of them.
+mutate: $(STAMP)
+	nice -n 10 $(VENV)/bin/mutmut run --max-children $(MUTATE_CHILDREN) $(MUTATE_ARGS)
+	$(PY) tests/mutation/score.py
+
 # Also the node cache tier's directory (it outlives every gateway on purpose): the one the
 # settings name (GATEWAY_CACHE_NODE_PATH...), asked of the gateway while .venv is still there.
 clean:
 	@node=$$(test -x $(PY) && $(PY) -m gateway node-path 2>/dev/null) \
 	  || node="$${XDG_CACHE_HOME:-$$HOME/.cache}/edge-gateway/node"; \
 	  echo "rm -rf $$node"; rm -rf -- "$$node"
-	rm -rf $(VENV) .venv-openvino models .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-openvino models mutants .mypy_cache .ruff_cache .pytest_cache

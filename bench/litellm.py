@@ -383,4 +383,20 @@ def _cell(text: str) -> str:
     return text.replace("|", "/")
 
 
-__all__ = ["Peer", "Unavailable", "cache_root", "config", "install", "serving", "venv_dir"]
+def main() -> int:
+    """``python -m bench.litellm``: install the pinned LiteLLM into the bench's cache dir now
+    (``.ci/run`` does, so the live test runs there); prints the CLI's path."""
+    try:
+        exe = install(venv_dir())
+    except Unavailable as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    print(exe)
+    return 0
+
+
+__all__ = ["Peer", "Unavailable", "cache_root", "config", "install", "main", "serving",
+           "venv_dir"]
+
+if __name__ == "__main__":
+    sys.exit(main())

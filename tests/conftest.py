@@ -1,8 +1,10 @@
 """Shared fixtures: the built MiniLM model repository and a private redis-server per session.
 
 Tests that need Redis start their own ``redis-server`` on a free loopback port (or use
-``REDIS_URL`` when it is set). Under CI (``CI=true``) a missing ``redis-server`` is a failure,
-never a skip.
+``REDIS_URL`` when it is set). Under CI (``CI`` set) a missing ``redis-server`` is a failure,
+never a skip; ``missing`` does the same for any other prerequisite. With ``GATEWAY_SKIPS_FILE``
+set, the session writes every skipped test and its reason there (``.ci/run`` prints the list and
+fails on any that is not GPU-only).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -42,6 +45,26 @@ def wait_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> None
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+def missing(why: str) -> NoReturn:
+    """A prerequisite is absent: a failure under CI (``.ci/run`` installs everything), else a
+    skip with ``why``."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{why} (CI must provide it: see .ci/run)")
+    pytest.skip(why)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Write the skipped tests to ``$GATEWAY_SKIPS_FILE``, one ``nodeid: reason`` a line."""
+    target = os.environ.get("GATEWAY_SKIPS_FILE")
+    if not target:
+        return
+    lines = []
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        lines.append(f"{report.nodeid}: {reason.removeprefix('Skipped: ')}\n")
+    Path(target).write_text("".join(lines), encoding="utf-8")
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ from bench.loadgen import Reply
 from bench.procs import Service, busy_seconds
 from bench.slow_backend import SlowBackend
 from gateway.settings import load_settings
+from tests.conftest import missing
 
 WRKJSON = ('WRKJSON {"requests": 1000, "duration_us": 2000000, "bytes": 5000, "connect": 0, '
            '"read": 1, "write": 0, "status": 3, "timeout": 2, "p50": 1500, "p90": 2000, '
@@ -101,8 +102,9 @@ def test_server_timing_parses_durations() -> None:
     assert server_timing(reply) == {"parse": 0.1, "upstream": 2.5, "total": 3.0}
 
 
-@pytest.mark.skipif(not (wrk.available() and nginx.available()), reason="needs wrk and nginx")
 def test_nginx_caches_posts_and_wrk_measures_it() -> None:
+    if not (wrk.available() and nginx.available()):
+        missing("needs wrk and nginx (apt-get install wrk nginx)")
     cores = frozenset(os.sched_getaffinity(0))
     with services.hello(cores=cores) as hello, nginx.NginxCache(hello.host_port,
                                                                 cores=cores) as proxy:

@@ -7,6 +7,7 @@ second thread. Functional only: statuses, parsing, timestamps, bounds; no speed 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -121,11 +122,15 @@ def test_latency_counts_the_whole_response(server: int) -> None:
 
 
 def test_open_loop_does_not_wait_for_answers(server: int) -> None:
-    """20 slow requests at 200/s: the sends all happen within ~0.1 s, on new connections."""
+    """20 slow requests at 200/s: each is sent while the one before is still unanswered, on
+    new connections. Ordering, not a time bound: a loaded machine only makes sends burstier,
+    while a closed loop would overlap none."""
     result = openloop.run("127.0.0.1", server, requests_to(server, "/slow"), rate_per_s=200,
                           requests=20, max_duration_s=5, warm_connections=1)
     assert result.status_counts() == {200: 20}
-    assert max(s.sent_s for s in result.samples) < 0.05 * 20
+    sent = sorted(result.samples, key=lambda s: s.sent_s)
+    overlapping = sum(b.sent_s < a.sent_s + a.latency_s for a, b in itertools.pairwise(sent))
+    assert overlapping >= 10
     assert result.connections >= 5  # overlapping requests each got their own connection
 
 

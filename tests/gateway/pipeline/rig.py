@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,8 @@ from gateway.upstream import MemoryTransport, Reply, Request, Upstream
 from gateway.upstream.admission.control import Admission, AdmissionSettings
 
 OIP_ROUTE = "/v2/models/{name}/infer"
+Charge = Callable[[int, int], Awaitable[None]]
+"""The tenant's quota charge: (texts going to a backend, texts answered from cache)."""
 
 
 class WallClock:
@@ -59,11 +61,15 @@ class FakeModel:
     fail: int | None = None
     texts: list[list[str]] = field(default_factory=list)
     """The texts of every request that reached it, in order."""
+    gate: asyncio.Event | None = None
+    """While set to an unset event, every call waits for it (a request held in flight)."""
 
     async def __call__(self, request: Request) -> Reply:
         doc = orjson.loads(request.body or b"{}")
         texts = [t for tensor in doc["inputs"] for t in tensor["data"]]
         self.texts.append(texts)
+        if self.gate is not None:
+            await self.gate.wait()
         await asyncio.sleep(0.005)  # a real call yields: identical requests meet in flight
         if self.fail is not None:
             return Reply(self.fail, b'{"error": "down"}', {})
@@ -127,12 +133,13 @@ class Rig:
     route: str
 
     async def ask(self, text: str, *, cache_control: str | None = None,
-                  timeout_s: float = 5.0) -> tuple[Result, bytes]:
+                  timeout_s: float = 5.0, tenant: str = "public",
+                  charge: Charge | None = None) -> tuple[Result, bytes]:
         path, body, parse = ROUTES[self.route]
         call = parse(body(text))
-        ctx = RequestContext(request_id="t", route=path, tenant="public",
+        ctx = RequestContext(request_id="t", route=path, tenant=tenant,
                              deadline=time.monotonic() + timeout_s,
-                             directives=CacheDirectives.parse(cache_control))
+                             directives=CacheDirectives.parse(cache_control), charge=charge)
         result = await self.pipeline.run(ctx, call)
         return result, call.render(result)
 

@@ -132,3 +132,24 @@ async def test_unjoined_rejections_do_not_warn() -> None:
     await asyncio.sleep(0)
     assert errors == []
     assert len(sf) == 0
+
+
+async def test_membership_and_settling_an_unknown_key_is_a_no_op() -> None:
+    sf: SingleFlight[str, int] = SingleFlight()
+    assert "k" not in sf
+    sf.claim("k")
+    assert "k" in sf and "other" not in sf
+    sf.reject("other", RuntimeError("x"))  # nobody claimed it: nothing happens
+    sf.resolve("other", 1)
+    assert len(sf) == 1
+
+
+async def test_a_cancelled_leader_reads_as_abandoned_with_the_cancellation_as_cause() -> None:
+    sf: SingleFlight[str, int] = SingleFlight()
+    fut, _ = sf.claim("k")
+    cancelled = asyncio.CancelledError()
+    sf.reject("k", cancelled)
+    with pytest.raises(FlightAbandoned) as err:
+        await sf.join(fut)
+    assert str(err.value) == "the leading request was cancelled"
+    assert err.value.__cause__ is cancelled

@@ -47,14 +47,15 @@ async def test_near_backend_killed_mid_stream(gateway: GatewayFactory, models_di
 
     near.proc.kill()  # mid-stream, no goodbye
     near.proc.wait()
-    killed_at = time.monotonic()
-    far_seen_at = None
+    far_seen_after = None  # requests sent since the kill when the far zone first answered
     for i in range(20, 80):
         await one(i)
-        if far_seen_at is None and far.requests_total() > 0:
-            far_seen_at = time.monotonic()
+        if far_seen_after is None and far.requests_total() > 0:
+            far_seen_after = i - 19
     assert failures == [], f"requests failed during failover: {failures}"
-    assert far_seen_at is not None and far_seen_at - killed_at < 1.0
+    # Counted in requests, not seconds: the first request that meets the dead backend is
+    # retried on the far zone (a connection failure), so failover takes one request.
+    assert far_seen_after is not None and far_seen_after <= 3  # 1 when measured
 
     # The near backend comes back on the same port: traffic returns to it.
     restarted = start_backend(models_dir, zone="zone-a", region="r1", port=near.port)

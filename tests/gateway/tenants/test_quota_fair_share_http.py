@@ -2,7 +2,15 @@
 slot (tests/gateway/routing/oip_fake.py), one tier slot and a queue of four. Tenant A keeps the
 queue full; tenant B's requests are still all served, because a full queue sheds the tenant
 furthest over its share (A) instead of the newcomer. With the old FIFO queue B's requests were
-shed like everyone else's."""
+shed like everyone else's.
+
+What it stands for: the gateway's own queue (admission, fair by tenant) deciding who is shed
+when the backend is saturated, end to end over HTTP with quotas and tenants from a real app.
+A fake backend because the test needs a backend with exactly one slot and a fixed service
+time, so that the queue is full on cue and the counts are exact.
+What it cannot show: how the real model behaves under that load (batching lets it take several
+requests per slot, its service time varies with batch size and text length), nor fairness
+inside the backend's own queue; the real-model scheduling tests cover those."""
 
 from __future__ import annotations
 

@@ -5,6 +5,14 @@ Unit tests drive the gradient controller on a fake clock, so every limit is comp
 The last tests run real HTTP over loopback: an Upstream in front of a fake OIP backend with a
 fixed capacity (slots) must settle far below its ceiling, and one without a capacity limit must
 grow to it.
+
+What those two stand for: the controller reading a backend's capacity from latency alone
+(queueing shows as RTT above minRTT), over real sockets and the real admission path. A fake
+backend because only it has a known capacity (``slots``) and a flat service time, so the limit
+it should settle near is known in advance. What they cannot show: the real model's curve, where
+dynamic batching makes latency grow in steps with the batch size and the best limit depends on
+text length and on the CPU or GPU; whether the limit tracks that is for the real-model
+scheduling tests and the benches.
 """
 
 from __future__ import annotations

@@ -3,6 +3,13 @@
 The backends are ``FakeBackend`` servers (real sockets, real HTTP) because these tests need
 backends that die, hang, shed or answer garbage on cue; end-to-end tests with the real backend
 live with the pipeline's tests.
+
+The tests under load (overload sheds, a saturated near tier, a slow backend's share, hedging)
+stand for the gateway's side of overload: its queue, shedding, failover and balancing, given a
+backend whose service time is fixed (``delay_s``) and whose capacity is known. They cannot show
+the real model's behaviour under the same load (dynamic batching, service time that grows with
+batch size and text length, its own queue and priorities): each such test says so where it
+matters, and the real-model scheduling tests cover it.
 """
 
 from __future__ import annotations
@@ -144,19 +151,19 @@ async def test_deadline_expiring_in_the_queue_never_reaches_the_backend(
 
 
 async def test_overload_gives_fast_503s_and_a_bounded_queue(build: Build, fakes: Any) -> None:
+    """Stands for: a full tier queue sheds at once with Retry-After and the backend never sees
+    more than the tier's concurrency. Cannot show: when the real backend would itself shed (its
+    queue and batching are not modelled by a fixed 0.3 s delay)."""
     backend = await fakes()
     backend.delay_s = 0.3
     rig = await build([(backend, "a")], tier_concurrency=2, tier_queue=3)
-    outcomes: list[BaseException | InferResult] = []
-    finished_at: list[float] = []
-    start = time.monotonic()
+    outcomes: list[BaseException | InferResult] = []  # in the order they finished
 
     async def one(i: int) -> None:
         try:
             outcomes.append(await rig.embed([f"t{i}"], timeout_s=5.0))
         except GatewayError as exc:
             outcomes.append(exc)
-            finished_at.append(time.monotonic() - start)
 
     tasks = [asyncio.create_task(one(i)) for i in range(40)]
     await asyncio.sleep(0.05)
@@ -165,12 +172,16 @@ async def test_overload_gives_fast_503s_and_a_bounded_queue(build: Build, fakes:
     shed = [o for o in outcomes if isinstance(o, Overloaded)]
     assert len(shed) == 35 and all(o.reason == "queue_full" for o in shed)
     assert all(o.headers().get("Retry-After") for o in shed)
-    assert max(finished_at) < backend.delay_s  # every shed answer came before any real one
+    # Every shed answer came before any real one (ordering, not a time bound).
+    assert all(isinstance(o, Overloaded) for o in outcomes[:35])
     assert backend.max_inflight <= 2
     assert rig.metric("gateway_shed_total", reason="queue_full") == 35
 
 
 async def test_near_tier_saturated_fails_over_to_the_next_tier(build: Build, fakes: Any) -> None:
+    """Stands for: a saturated near tier sends the next request to the next tier instead of
+    queueing it. Cannot show: when a real backend counts as saturated (that is the learned
+    limit's job, with a fixed tier concurrency here)."""
     near, far = await fakes(), await fakes()
     near.delay_s = 0.3
     rig = await build([(near, "a"), (far, "b")], tier_concurrency=1, tier_queue=0)
@@ -229,6 +240,9 @@ async def test_killing_the_near_backend_mid_stream_fails_no_request(build: Build
 
 
 async def test_a_slow_backend_gets_a_smaller_share(build: Build, fakes: Any) -> None:
+    """Stands for: P2C on in-flight x latency EWMA steers traffic away from the slower of two
+    backends. Cannot show: the share against real backends whose latency moves with load and
+    batch size (a 12x fixed gap here makes the outcome clear-cut)."""
     slow, fast = await fakes(), await fakes()
     slow.delay_s, fast.delay_s = 0.06, 0.005
     rig = await build([(slow, "a"), (fast, "a")])
@@ -246,6 +260,9 @@ async def test_a_slow_backend_gets_a_smaller_share(build: Build, fakes: Any) -> 
 async def test_hedge_after_p95_takes_the_first_answer_and_cancels_the_loser(
     build: Build, fakes: Any,
 ) -> None:
+    """Stands for: a call slower than the tier's p95 is hedged on another backend, the first
+    answer wins and the loser is cancelled. Cannot show: whether hedging pays off against a real
+    backend, where a hedge adds load to a batch queue."""
     a, b = await fakes(), await fakes()
     rig = await build([(a, "a"), (b, "a")], hedge_after_p95=True, hedge_min_samples=5)
     for i in range(20):  # learn the tier's p95
