@@ -119,3 +119,12 @@ def test_repository_paths_named_exist() -> None:
                 and not (ROOT / path).exists()):
             missing.append((doc, path))
     assert sorted(set(missing)) == []
+
+
+def test_the_readme_is_a_newcomers_page() -> None:
+    # It starts with the two commands that work on a fresh machine and stays short: long
+    # material belongs in docs/.
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    first = text.split("```", 2)[1]
+    assert first.strip().splitlines() == ["sh", "make run", "make test"]
+    assert len(text.splitlines()) <= 250
