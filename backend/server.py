@@ -15,7 +15,7 @@ import logging
 import signal
 
 from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
+from aiohttp.http_exceptions import HttpProcessingError
 
 from backend.dataplane import SERVER_NAME
 from backend.envelope import request_id
@@ -23,12 +23,12 @@ from backend.errors import BackendError, BadRequest, DeadlineExceeded, HeadersTo
 from backend.handlers import json_response
 from backend.middleware import REQUEST_ID_HEADER
 from backend.settings import ServeSettings
+from oip.parse_errors import parse_failure
 
 # The request line's limit is aiohttp's default; headers get a larger one so that the two
 # differ and a LineTooLong says which it was (its message, which quotes the line, is not used).
 MAX_LINE_SIZE = 8190
 MAX_FIELD_SIZE = 16384
-_TOO_MANY_HEADERS = "Too many headers received"  # aiohttp's BadHttpMessage text for max_headers
 
 log = logging.getLogger("backend.http")
 
@@ -53,6 +53,10 @@ async def serve(app: web.Application, settings: ServeSettings) -> None:
         await runner.cleanup()
 
 
+_PARSE_ERRORS: dict[int, type[BackendError]] = {
+    414: UriTooLong, 431: HeadersTooLarge, 400: BadRequest}
+
+
 class BackendRequestHandler(web.RequestHandler):
     """aiohttp's per-connection protocol, with its error answers in the backend's shape.
 
@@ -74,10 +78,13 @@ class BackendRequestHandler(web.RequestHandler):
         rid = request_id(None)
         error: BackendError
         if isinstance(exc, HttpProcessingError):
-            error = self._client_error(exc)
+            failure = parse_failure(exc, max_line_size=self.max_line_size,
+                                    max_field_size=self.max_field_size,
+                                    max_headers=self.max_headers,
+                                    first_request=self._request_count == 1)
+            error = _PARSE_ERRORS[failure.status](failure.message)
             # Scanners send TLS or junk as a first request: aiohttp keeps those at DEBUG too.
-            quiet = self._request_count == 1 and isinstance(exc, BadHttpMethod)
-            log.log(logging.DEBUG if quiet else logging.INFO, "unparsable request",
+            log.log(logging.DEBUG if failure.quiet else logging.INFO, "unparsable request",
                     extra={"fields": {"request_id": rid, "status": error.status,
                                       "error": type(exc).__name__}})
         elif status == 504:  # a TimeoutError escaped the app
@@ -93,18 +100,6 @@ class BackendRequestHandler(web.RequestHandler):
             REQUEST_ID_HEADER: rid, "Server": SERVER_NAME})
         response.force_close()
         return response
-
-    def _client_error(self, exc: HttpProcessingError) -> BackendError:
-        """The error a parser failure stands for; its message never quotes the request."""
-        if isinstance(exc, LineTooLong):
-            # LineTooLong carries (line, limit): the limit tells the request line from a header.
-            limit = exc.args[1] if len(exc.args) > 1 else None
-            if limit == self.max_line_size and limit != self.max_field_size:
-                return UriTooLong(f"the request line is longer than {limit} bytes")
-            return HeadersTooLarge(f"a request header is longer than {limit} bytes")
-        if exc.message == _TOO_MANY_HEADERS:
-            return HeadersTooLarge(f"more than {self.max_headers} request headers")
-        return BadRequest("the request is not valid HTTP/1.1")
 
 
 class BackendServer(web.Server):

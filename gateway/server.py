@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
+from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.errors import (
     DeadlineExceeded,
@@ -42,10 +42,10 @@ from gateway.http.middleware import error_response, new_request_id
 from gateway.policy.loader import PolicyError
 from gateway.settings import Settings, SettingsError, load_settings, settings_fields
 from gateway.telemetry.logs import setup_logging
+from oip.parse_errors import parse_failure
 
 log = logging.getLogger("gateway.server")
 http_log = logging.getLogger("gateway.http")
-_TOO_MANY_HEADERS = "Too many headers received"  # aiohttp's BadHttpMessage text for max_headers
 
 
 def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -113,6 +113,10 @@ async def _serve(app: web.Application, settings: Settings, *, reuse_port: bool) 
         await runner.cleanup()
 
 
+_PARSE_ERRORS: dict[int, type[GatewayError]] = {
+    414: UriTooLong, 431: HeadersTooLarge, 400: MalformedRequest}
+
+
 class GatewayRequestHandler(GuardedRequestHandler):
     """aiohttp's per-connection protocol, with its error answers in the gateway's shape (and
     the read deadlines and connection cap of ``GuardedRequestHandler``).
@@ -139,10 +143,13 @@ class GatewayRequestHandler(GuardedRequestHandler):
         rid = new_request_id()
         error: GatewayError
         if isinstance(exc, HttpProcessingError):
-            error = self._client_error(exc)
+            failure = parse_failure(exc, max_line_size=self.max_line_size,
+                                    max_field_size=self.max_field_size,
+                                    max_headers=self.max_headers,
+                                    first_request=self._request_count == 1)
+            error = _PARSE_ERRORS[failure.status](failure.message)
             # Scanners send TLS or junk as a first request: aiohttp keeps those at DEBUG too.
-            quiet = self._request_count == 1 and isinstance(exc, BadHttpMethod)
-            http_log.log(logging.DEBUG if quiet else logging.INFO, "unparsable request",
+            http_log.log(logging.DEBUG if failure.quiet else logging.INFO, "unparsable request",
                          extra={"request_id": rid, "status": error.status,
                                 "error": type(exc).__name__})
         elif status == 504:  # an asyncio.TimeoutError escaped the app
@@ -157,19 +164,6 @@ class GatewayRequestHandler(GuardedRequestHandler):
         response = error_response(error, rid)
         response.force_close()
         return response
-
-    def _client_error(self, exc: HttpProcessingError) -> GatewayError:
-        """The error a parser failure stands for; its message never quotes the request."""
-        if isinstance(exc, LineTooLong):
-            # LineTooLong carries (line, limit, ...): the limit tells the request line (URL)
-            # from a header, as long as the two limits differ (create_app sets them apart).
-            limit = exc.args[1] if len(exc.args) > 1 else None
-            if limit == self.max_line_size and limit != self.max_field_size:
-                return UriTooLong(f"the request line is longer than {limit} bytes")
-            return HeadersTooLarge(f"a request header is longer than {limit} bytes")
-        if exc.message == _TOO_MANY_HEADERS:
-            return HeadersTooLarge(f"more than {self.max_headers} request headers")
-        return MalformedRequest("the request is not valid HTTP/1.1")
 
 
 class GatewayServer(web.Server):
