@@ -22,7 +22,7 @@ from gateway.routing.config import BackendSpec, RoutingSettings
 from gateway.settings.batch import BatchSettings
 from gateway.settings.connections import ConnectionSettings
 from gateway.tenants.quota.settings import QuotaSettings
-from gateway.upstream.admission.control import AdmissionSettings
+from gateway.upstream.admission.settings import AdmissionSettings
 from gateway.validation import SettingsError
 
 MiB = 1024 * 1024

@@ -43,8 +43,9 @@ from gateway.routing.balancer import Router
 from gateway.routing.config import RoutingSettings
 from gateway.routing.hedge import HedgePolicy
 from gateway.telemetry.observer import NullObserver, Observer
-from gateway.upstream.admission.control import PUBLIC, Admission
+from gateway.upstream.admission.control import Admission
 from gateway.upstream.admission.fairqueue import INTERACTIVE, Priority
+from gateway.upstream.admission.slots import PUBLIC
 from gateway.upstream.results import InferResult, RawResult
 from gateway.upstream.retry import RetryBudget, RetryPolicy
 from gateway.upstream.schedule import Schedule

@@ -21,8 +21,9 @@ from gateway.routing.balancer import BackendResult, Router
 from gateway.routing.config import RoutingSettings
 from gateway.routing.hedge import HedgePolicy, race
 from gateway.telemetry.observer import Observer
-from gateway.upstream.admission.control import PUBLIC, Admission, Slot
+from gateway.upstream.admission.control import Admission
 from gateway.upstream.admission.fairqueue import INTERACTIVE, Priority
+from gateway.upstream.admission.slots import PUBLIC, Slot
 from gateway.upstream.retry import RetryBudget, RetryPolicy
 from gateway.upstream.transport import Request, Transport, TransportError
 from gateway.upstream.wire import (
