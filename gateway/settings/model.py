@@ -2,7 +2,7 @@
 
 The sections that a component takes are defined beside it (``cache``, ``redis``: gateway/cache/
 settings.py; ``routing``: gateway/routing/config.py; ``admission``:
-gateway/upstream/admission/control.py and its
+gateway/upstream/admission/settings.py and its
 ``adaptive`` subsection: gateway/upstream/admission/adaptive.py; ``quotas``:
 gateway/tenants/quota/settings.py); the two
 that only ``create_app`` reads (``policies``, ``logging``) are here. The request limits and
