@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import hdrs, web
 
-from backend import oip, openai
+from backend import oip, oip_response, openai
 from backend.dataplane import DataPlane, EmbedResult
 from backend.envelope import check_content_type, server_timing, timeout_from_header
 from backend.errors import BadRequest, ClientDisconnected, PayloadTooLarge
@@ -55,7 +55,7 @@ async def ready(request: web.Request) -> web.Response:
 async def model_metadata(request: web.Request) -> web.Response:
     served = request.app[DATAPLANE].get(request.match_info["model"],
                                         request.match_info.get("version"))
-    return json_response(oip.model_metadata(served.config, served.model.identity))
+    return json_response(oip_response.model_metadata(served.config, served.model.identity))
 
 
 async def model_ready(request: web.Request) -> web.Response:
@@ -87,7 +87,7 @@ async def infer(request: web.Request) -> web.Response:
     result = await plane.embed(
         served, parsed.texts, deadline=None if timeout_s is None else started + timeout_s,
         priority=schedule.priority, key=schedule.fairness_key)
-    encoded = oip.encode_infer_response(
+    encoded = oip_response.encode_infer_response(
         config=served.config,
         request=parsed,
         embeddings=result.embeddings,

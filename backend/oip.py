@@ -10,24 +10,21 @@ with ``"parameters": {"binary_data": true}`` (or every output, with the request 
 in the output's ``parameters.binary_data_size``. The gateway asks for the embeddings that way:
 reading 384 floats from JSON cost it more than the rest of a cache miss.
 
-Pure functions: no aiohttp, no I/O. Every rule broken raises ``BadRequest``.
+Pure functions: no aiohttp, no I/O. Every rule broken raises ``BadRequest``. The responses are
+encoded in oip_response.py.
 """
 
 from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-import orjson
-
 from backend.envelope import decode_json, whole
 from backend.errors import BadRequest
-from backend.repository import ModelConfig, TensorSpec
+from backend.repository import TensorSpec
 from backend.scheduling.params import NONE, ScheduleParams, parse_schedule
 
 
@@ -45,15 +42,6 @@ class InferRequest:
     def wants_binary(self, name: str) -> bool:
         """Whether output ``name`` goes out as binary data."""
         return self.binary_all or name in self.binary
-
-
-@dataclass(frozen=True, slots=True)
-class EncodedResponse:
-    """An encoded inference response; ``json_length`` is set when binary data follows the JSON
-    (the value of the ``Inference-Header-Content-Length`` header)."""
-
-    body: bytes
-    json_length: int | None
 
 
 # A derived output every text model has: the tokens each text used (after truncation), so that
@@ -248,59 +236,3 @@ def _parse_outputs(
             binary.add(name)
         names.append(name)
     return tuple(names), frozenset(binary)
-
-
-def encode_infer_response(
-    *,
-    config: ModelConfig,
-    request: InferRequest,
-    embeddings: npt.NDArray[np.float32],
-    parameters: Mapping[str, float | int | str | bool],
-    token_counts: Sequence[int] = (),
-) -> EncodedResponse:
-    """The inference response: the requested outputs with flat row-major data, in the JSON or,
-    for those asked for as binary data, as raw bytes after it."""
-    spec = config.output
-    tensors: list[tuple[str, str, list[int], npt.NDArray[Any]]] = []
-    if request.outputs is None or spec.name in request.outputs:
-        tensors.append((spec.name, spec.datatype, list(embeddings.shape),
-                        np.ascontiguousarray(embeddings, dtype="<f4").reshape(-1)))
-    if token_counts and (request.outputs is None or TOKEN_COUNT in request.outputs):
-        tensors.append((TOKEN_COUNT, "INT32", [len(token_counts)],
-                        np.asarray(token_counts, dtype="<i4")))
-    outputs: list[dict[str, Any]] = []
-    chunks: list[bytes] = []
-    for name, datatype, shape, data in tensors:
-        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
-        if request.wants_binary(name):
-            raw = data.tobytes()
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            chunks.append(raw)
-        else:
-            entry["data"] = data
-        outputs.append(entry)
-    response: dict[str, Any] = {"model_name": config.name, "model_version": config.version}
-    if request.id is not None:
-        response["id"] = request.id
-    response["parameters"] = dict(parameters)
-    response["outputs"] = outputs
-    head = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not chunks:
-        return EncodedResponse(head, None)
-    return EncodedResponse(b"".join((head, *chunks)), len(head))
-
-
-def model_metadata(config: ModelConfig, identity: str = "") -> dict[str, Any]:
-    """The model metadata response object; ``identity`` (the served graph's SHA-256) goes in
-    ``parameters.model_sha256``, so a gateway can tell different weights under one name and
-    version apart (it scopes its node cache by it)."""
-    meta: dict[str, Any] = {
-        "name": config.name,
-        "versions": [config.version],
-        "platform": config.platform,
-        "inputs": [t.to_json() for t in config.inputs],
-        "outputs": [*(t.to_json() for t in config.outputs), TOKEN_COUNT_SPEC],
-    }
-    if identity:
-        meta["parameters"] = {"model_sha256": identity}
-    return meta

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from backend import oip
+from backend import oip, oip_response
 from backend.errors import BadRequest
 from backend.repository import ModelConfig, TensorSpec
 from backend.scheduling.params import parse_schedule
@@ -116,7 +116,7 @@ def encode_infer_response(
 
 def model_metadata(config: ModelConfig) -> pb.ModelMetadataResponse:
     """The ``ModelMetadataResponse``: the same tensors as REST's model metadata."""
-    meta = oip.model_metadata(config)
+    meta = oip_response.model_metadata(config)
     response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"],
                                         platform=meta["platform"])
     for field, tensors in (("inputs", meta["inputs"]), ("outputs", meta["outputs"])):

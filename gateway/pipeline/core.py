@@ -41,7 +41,8 @@ from gateway.pipeline.call import (
     Result,
 )
 from gateway.pipeline.context import RequestContext
-from gateway.pipeline.freshness import from_cache, overall_status, stale_if_error
+from gateway.pipeline.freshness import overall_status
+from gateway.pipeline.revalidate import Revalidate
 from gateway.pipeline.singleflight import FlightAbandoned, SingleFlight
 from gateway.policy import Decision, evaluate_groups
 from gateway.policy.store import PolicyStore
@@ -50,10 +51,8 @@ from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway.pipeline")
 
-_REFRESH_TIMEOUT_S = 30.0
 
-
-class Pipeline:
+class Pipeline(Revalidate):
     """Composes policy, cache, singleflight and upstream for every cached route."""
 
     def __init__(
@@ -166,16 +165,6 @@ class Pipeline:
             for i in positions[key]:
                 entries[i] = entry
 
-    def _answer_from_cache(self, ctx: RequestContext, call: Call, decision: Decision,
-                           keys: Sequence[CacheKey], entries: Sequence[Entry | None],
-                           outcomes: list[Outcome | None]) -> None:
-        stale, saved_ms = from_cache(entries, keys, outcomes, self.clock(),
-                                     ctx.directives.max_age, decision.rule)
-        if saved_ms:
-            self.observer.compute_saved(call.model, saved_ms / 1000.0)
-        if stale:
-            self._refresh(ctx, call, decision, stale)
-
     async def _fetch(
         self, ctx: RequestContext, call: Call, decision: Decision,
         positions: dict[CacheKey, list[int]], missing: Sequence[CacheKey],
@@ -243,15 +232,6 @@ class Pipeline:
             for i in positions[key]:
                 outcomes[i] = Outcome(item.value, item.meta, status, 0.0)
 
-    def _stale_if_error(self, ctx: RequestContext, decision: Decision,
-                        keys: Sequence[CacheKey], entries: Sequence[Entry | None],
-                        outcomes: list[Outcome | None], failure: GatewayError) -> None:
-        """Serve stale answers the policy allows when the backends failed; else re-raise."""
-        if not stale_if_error(entries, keys, outcomes, self.clock(), failure, decision.rule):
-            raise failure
-        log.info("served stale-if-error", extra={"request_id": ctx.request_id,
-                                                  "error": failure.type})
-
     async def _call_backend(self, ctx: RequestContext, call: Call, decision: Decision,
                             indexes: Sequence[int]) -> list[Fetched]:
         if ctx.time_left() <= 0:
@@ -279,34 +259,6 @@ class Pipeline:
                                compute_ms=item.compute_ms, meta=item.meta))
                    for key, item in fetched]
         await self.cache.set_many(entries, background=True)
-
-    def _refresh(self, ctx: RequestContext, call: Call, decision: Decision,
-                 stale: dict[CacheKey, int]) -> None:
-        """One background refresh per stale key: keys already in flight (a miss or another
-        refresh) are left to that flight."""
-        led = [k for k in stale if self.flights.claim(k)[1]]
-        if not led:
-            return
-        refresh_ctx = RequestContext(request_id=ctx.request_id, route=ctx.route, tenant=ctx.tenant,
-                                     deadline=time.monotonic() + _REFRESH_TIMEOUT_S)
-
-        async def refresh() -> None:
-            try:
-                fetched = await self._call_backend(refresh_ctx, call, decision,
-                                                   [stale[k] for k in led])
-            except BaseException as exc:
-                for key in led:
-                    self.flights.reject(key, exc)
-                if isinstance(exc, GatewayError):
-                    log.info("stale refresh failed", extra={"request_id": ctx.request_id,
-                                                             "error": exc.type})
-                    return
-                raise
-            for key, item in zip(led, fetched, strict=True):
-                self.flights.resolve(key, item)
-            await self._store(decision, list(zip(led, fetched, strict=True)))
-
-        self.background.spawn(refresh())
 
     async def drain(self) -> None:
         """Wait for background refreshes and stores (shutdown, and tests)."""

@@ -6,7 +6,7 @@ checks of ``gateway/validation.py``): a bad value raises ``SettingsError`` namin
 field, so
 start-up stops with something a person can act on. Each concern is configured under its own
 name, as Envoy does (locality, health checks, outlier ejection, retry, hedging); admission has
-its own section (``gateway/upstream/admission/control.py``).
+its own section (``gateway/upstream/admission/settings.py``).
 """
 
 from __future__ import annotations

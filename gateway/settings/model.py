@@ -2,7 +2,7 @@
 
 The sections that a component takes are defined beside it (``cache``, ``redis``: gateway/cache/
 settings.py; ``routing``: gateway/routing/config.py; ``admission``:
-gateway/upstream/admission/control.py and its
+gateway/upstream/admission/settings.py and its
 ``adaptive`` subsection: gateway/upstream/admission/adaptive.py; ``quotas``:
 gateway/tenants/quota/settings.py); the two
 that only ``create_app`` reads (``policies``, ``logging``) are here. The request limits and
@@ -22,7 +22,7 @@ from gateway.routing.config import BackendSpec, RoutingSettings
 from gateway.settings.batch import BatchSettings
 from gateway.settings.connections import ConnectionSettings
 from gateway.tenants.quota.settings import QuotaSettings
-from gateway.upstream.admission.control import AdmissionSettings
+from gateway.upstream.admission.settings import AdmissionSettings
 from gateway.validation import SettingsError
 
 MiB = 1024 * 1024

@@ -1,6 +1,7 @@
 """Everything about reaching a backend: the client (routing, admission, retries, hedging) in
-``client.py`` and what it returns in ``results.py``, the retry policy and budget in ``retry.py``,
-the transport seam in ``transport.py`` and the OIP wire format in ``wire.py``."""
+``client.py`` (each call's tries in ``tries.py``) and what it returns in ``results.py``, the
+retry policy and budget in ``retry.py``, the transport seam in ``transport.py`` and the OIP wire
+format in ``wire.py``."""
 
 from gateway.upstream.client import Upstream
 from gateway.upstream.results import InferResult, RawResult

@@ -38,6 +38,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from gateway.upstream import grpc_answer as ga
 from gateway.upstream import grpc_wire as gw
 from gateway.upstream.transport import ReadTimeout, Reply, Request, Transport, TransportError
 from oip import inference_pb2 as pb
@@ -123,7 +124,7 @@ class GrpcTransport(Transport):
         except grpc.aio.UsageError as exc:
             raise TransportError(f"gRPC usage error: {exc}") from None
         if call.method == "ModelInfer":
-            return gw.infer_reply(response, call.render, trailing or ())
+            return ga.infer_reply(response, call.render, trailing or ())
         if call.method == "ServerReady":
             return gw.ready_reply(response, trailing or ())
         return gw.metadata_reply(response, trailing or ())

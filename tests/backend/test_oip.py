@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
-from backend import oip
+from backend import oip, oip_response
 from backend.envelope import check_content_type, request_id, server_timing, timeout_from_header
 from backend.errors import BadRequest, UnsupportedMediaType
 from backend.repository import ModelConfig, TensorSpec
@@ -166,7 +166,7 @@ def test_bad_requests_are_rejected_with_a_reason(body: Any, message: str) -> Non
 def test_response_echoes_id_and_flattens_row_major() -> None:
     embeddings = (np.arange(8, dtype=np.float32) / 8).reshape(2, 4).astype(np.float32)
     request = oip.InferRequest("abc", ["a", "b"], None)
-    body = orjson.loads(oip.encode_infer_response(
+    body = orjson.loads(oip_response.encode_infer_response(
         config=CONFIG, request=request, embeddings=embeddings,
         parameters={"queue_time_ms": 1.5, "compute_time_ms": 2.0, "batch_size": 2},
     ).body)
@@ -181,7 +181,7 @@ def test_response_echoes_id_and_flattens_row_major() -> None:
 
 def test_response_reports_token_counts_as_a_second_output() -> None:
     request = oip.InferRequest(None, ["a", "b c"], None)
-    body = orjson.loads(oip.encode_infer_response(
+    body = orjson.loads(oip_response.encode_infer_response(
         config=CONFIG, request=request, embeddings=np.zeros((2, 4), np.float32),
         parameters={}, token_counts=[3, 4],
     ).body)
@@ -193,7 +193,7 @@ def test_response_reports_token_counts_as_a_second_output() -> None:
 
 def test_response_without_id_and_with_no_outputs_requested() -> None:
     request = oip.InferRequest(None, ["a"], ())
-    body = orjson.loads(oip.encode_infer_response(
+    body = orjson.loads(oip_response.encode_infer_response(
         config=CONFIG, request=request, embeddings=np.zeros((1, 4), np.float32), parameters={},
     ).body)
     assert "id" not in body
@@ -201,7 +201,7 @@ def test_response_without_id_and_with_no_outputs_requested() -> None:
 
 
 def test_model_metadata_object() -> None:
-    assert oip.model_metadata(CONFIG) == {
+    assert oip_response.model_metadata(CONFIG) == {
         "name": "minilm", "versions": ["1"], "platform": "onnxruntime_onnx",
         "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
         "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, 4]},
@@ -248,8 +248,9 @@ def test_binary_outputs_follow_the_json_part() -> None:
                                  {"name": "token_count"}]})
     assert request.binary == frozenset({"embedding"}) and not request.binary_all
     embeddings = np.arange(8, dtype=np.float32).reshape(2, 4) / 3
-    reply = oip.encode_infer_response(config=CONFIG, request=request, embeddings=embeddings,
-                                      parameters={}, token_counts=[1, 2])
+    reply = oip_response.encode_infer_response(config=CONFIG, request=request,
+                                               embeddings=embeddings, parameters={},
+                                               token_counts=[1, 2])
     assert reply.json_length is not None
     head = orjson.loads(reply.body[:reply.json_length])
     embedding, counts = head["outputs"]

@@ -25,8 +25,8 @@ tier's service time is an EWMA of how long slots are held, fed by ``Slot.release
 The limit is ``tier_concurrency``, or with ``adaptive.enabled``, a per-tier ``GradientLimit``
 (gateway/upstream/admission/adaptive.py) moving under that ceiling with the latency the tier's calls
 show; when it
-rises, queued requests are granted at once. ``AdmissionSettings`` is the settings section
-``admission``.
+rises, queued requests are granted at once. ``AdmissionSettings`` (settings.py) is the settings
+section ``admission``; a tier's state and the ``Slot`` live in slots.py.
 """
 
 from __future__ import annotations
@@ -34,19 +34,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from types import TracebackType
 
-from gateway import validation as check
 from gateway.errors import DeadlineExceeded, Overloaded
 from gateway.telemetry.observer import NullObserver, Observer
-from gateway.upstream.admission.adaptive import AdaptiveSettings, GradientLimit
-from gateway.upstream.admission.fairqueue import INTERACTIVE, FairQueue, Priority, lower
-from gateway.validation import SettingsError
+from gateway.upstream.admission.adaptive import GradientLimit
+from gateway.upstream.admission.fairqueue import INTERACTIVE, Priority, lower
+from gateway.upstream.admission.settings import AdmissionSettings
+from gateway.upstream.admission.slots import PUBLIC, Slot, _TierQueue, _Waiter
 
 _ALPHA = 0.2  # weight of the newest service-time sample
-# the tenant of a call that names none (gateway/tenants/directory.py uses the same id)
-PUBLIC = "public"
 
 Share = Callable[[str], tuple[float, Priority]]
 """A tenant's fair-share weight and priority class (gateway/tenants/store.py, from the tenants
@@ -56,106 +52,6 @@ file; read on every call, so a reload applies at once)."""
 def equal_share(tenant: str) -> tuple[float, Priority]:
     """Every tenant weight 1, interactive: what runs without a tenants file."""
     return 1.0, INTERACTIVE
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AdmissionSettings:
-    """How many backend calls each locality tier lets through, and how many wait (settings
-    section ``admission``). Each worker process keeps its own counts."""
-
-    tier_concurrency: int = 64
-    """Backend calls in flight per tier before requests queue; with ``adaptive.enabled``, the
-    ceiling the adaptive limit moves under."""
-    tier_queue: int = 256
-    """Requests that may wait per tier; more are shed at once (503 with Retry-After)."""
-    adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)
-    """The adaptive concurrency limit per tier (gateway/upstream/admission/adaptive.py), off by
-    default."""
-
-    def __post_init__(self) -> None:
-        check.at_least("tier_concurrency", self.tier_concurrency, 1)
-        check.at_least("tier_queue", self.tier_queue, 0)
-        if self.adaptive.enabled and self.adaptive.min_limit > self.tier_concurrency:
-            raise SettingsError(
-                f"adaptive.min_limit: must be at most tier_concurrency ({self.tier_concurrency}),"
-                f" the adaptive limit's ceiling (got {self.adaptive.min_limit})")
-
-
-class _TierQueue:
-    __slots__ = ("active", "adaptive", "ewma_s", "holders", "samples", "waiters")
-
-    def __init__(self, adaptive: GradientLimit | None) -> None:
-        self.active = 0
-        self.adaptive = adaptive
-        self.waiters: FairQueue[_Waiter] = FairQueue()
-        self.holders: dict[str, int] = {}  # tenant -> slots held now
-        self.ewma_s = 0.0
-        self.samples = 0
-
-    def hold(self, tenant: str) -> None:
-        self.active += 1
-        self.holders[tenant] = self.holders.get(tenant, 0) + 1
-
-    def unhold(self, tenant: str) -> None:
-        self.active -= 1
-        left = self.holders.get(tenant, 0) - 1
-        if left > 0:
-            self.holders[tenant] = left
-        else:
-            self.holders.pop(tenant, None)
-
-
-class _Waiter:
-    __slots__ = ("future", "tenant")
-
-    def __init__(self, future: asyncio.Future[None], tenant: str) -> None:
-        self.future = future
-        self.tenant = tenant
-
-
-class Slot:
-    """Permission to make one upstream call in a tier; release it exactly once (idempotent).
-
-    Usable as ``async with await admission.acquire(...)``, or call ``release()``.
-    """
-
-    __slots__ = ("_admission", "_epoch", "_granted_at", "_released", "queued_s", "tenant", "tier")
-
-    def __init__(self, admission: Admission, tier: str, granted_at: float, queued_s: float,
-                 epoch: int = 0, tenant: str = PUBLIC):
-        self._admission = admission
-        self._epoch = epoch
-        self._granted_at = granted_at
-        self._released = False
-        self.tier = tier
-        self.queued_s = queued_s
-        self.tenant = tenant
-
-    @property
-    def waited(self) -> bool:
-        """True when the request had to queue for this slot."""
-        return self.queued_s > 0.0
-
-    def release(self, *, observe: bool = True) -> None:
-        """Give the slot back (to the next waiter, if any) and record how long it was held.
-
-        ``observe=False`` for a slot given back unused, which says nothing of service time.
-        """
-        if not self._released:
-            self._released = True
-            if observe:
-                self._admission.observe(self._admission.clock() - self._granted_at,
-                                        tier=self.tier, epoch=self._epoch)
-            self._admission._release(self.tier, self.tenant)
-
-    async def __aenter__(self) -> Slot:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
 
 
 class Admission:

@@ -12,7 +12,9 @@ from gateway.batch.gate import Gate, LoopLag
 from gateway.routing.balancer import Router
 from gateway.routing.config import BackendSpec, RoutingSettings
 from gateway.telemetry.observer import NullObserver
-from gateway.upstream.admission.control import Admission, AdmissionSettings, Slot
+from gateway.upstream.admission.control import Admission
+from gateway.upstream.admission.settings import AdmissionSettings
+from gateway.upstream.admission.slots import Slot
 
 
 def parts(limit: int = 4) -> tuple[Admission, Router, str]:

@@ -27,7 +27,8 @@ from gateway.policy.store import PolicyStore
 from gateway.routing import BackendSpec, Router, RoutingSettings
 from gateway.telemetry.observer import NullObserver
 from gateway.upstream import MemoryTransport, Reply, Request, Upstream
-from gateway.upstream.admission.control import Admission, AdmissionSettings
+from gateway.upstream.admission.control import Admission
+from gateway.upstream.admission.settings import AdmissionSettings
 
 OIP_ROUTE = "/v2/models/{name}/infer"
 Charge = Callable[[int, int], Awaitable[None]]

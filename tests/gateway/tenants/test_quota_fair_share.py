@@ -13,8 +13,10 @@ from prometheus_client import CollectorRegistry
 from gateway.errors import Overloaded
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import MetricsObserver
-from gateway.upstream.admission.control import Admission, AdmissionSettings, Slot
+from gateway.upstream.admission.control import Admission
 from gateway.upstream.admission.fairqueue import BATCH, INTERACTIVE, FairQueue, Priority
+from gateway.upstream.admission.settings import AdmissionSettings
+from gateway.upstream.admission.slots import Slot
 
 
 def drain(queue: FairQueue[str]) -> list[str]:

@@ -32,7 +32,8 @@ from gateway.settings import SettingsError, load_settings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import MetricsObserver
 from gateway.upstream.admission.adaptive import AdaptiveSettings, GradientLimit
-from gateway.upstream.admission.control import Admission, AdmissionSettings
+from gateway.upstream.admission.control import Admission
+from gateway.upstream.admission.settings import AdmissionSettings
 from tests.gateway.routing.oip_fake import FakeBackend
 from tests.gateway.upstream.upstream_rig import Build
 

@@ -11,7 +11,9 @@ from prometheus_client import CollectorRegistry
 from gateway.errors import DeadlineExceeded, Overloaded
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import MetricsObserver
-from gateway.upstream.admission.control import Admission, AdmissionSettings, Slot
+from gateway.upstream.admission.control import Admission
+from gateway.upstream.admission.settings import AdmissionSettings
+from gateway.upstream.admission.slots import Slot
 
 
 def make(concurrency: int = 1, queue: int = 2) -> tuple[Admission, CollectorRegistry]:

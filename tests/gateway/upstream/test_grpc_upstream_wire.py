@@ -14,6 +14,7 @@ import pytest
 
 from gateway.errors import BadGateway, DeadlineExceeded, Overloaded
 from gateway.routing import BackendSpec, Router, RoutingSettings
+from gateway.upstream import grpc_answer as ga
 from gateway.upstream import grpc_wire as gw
 from gateway.upstream.grpc import SCHEME, GrpcTransport, channel_options
 from gateway.upstream.health import HealthChecker
@@ -147,7 +148,7 @@ def test_ids_parameters_outputs_and_numeric_inputs_translate() -> None:
 def test_a_binary_answer_is_what_parse_embeddings_reads_with_the_raw_bytes_untouched() -> None:
     vectors = np.random.default_rng(1).standard_normal((2, 384)).astype(np.float32)
     call = call_of("POST", "/v2/models/minilm/infer", infer_request_body(["a", "b"]))
-    reply = gw.infer_reply(response(vectors, [4, 7]), call.render, TIMING)
+    reply = ga.infer_reply(response(vectors, [4, 7]), call.render, TIMING)
     assert reply.status == 200
     assert reply.headers["Content-Type"] == "application/octet-stream"
     header_len = int(reply.headers[gw.BINARY_HEADER])
@@ -166,7 +167,7 @@ def test_a_json_answer_is_the_rest_backends_json() -> None:
         {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}))
     message = response(vectors, [3])
     message.id = "abc"
-    reply = gw.infer_reply(message, call.render, TIMING)
+    reply = ga.infer_reply(message, call.render, TIMING)
     assert reply.headers["Content-Type"] == "application/json"
     assert gw.BINARY_HEADER not in reply.headers
     doc = orjson.loads(reply.body)
@@ -186,7 +187,7 @@ def test_outputs_mixed_bytes_and_typed_contents() -> None:
     message.raw_output_contents.append(b"\x03\x00\x00\x00cat\x00\x00\x00\x00")
     message.raw_output_contents.append(np.asarray([0.25, 0.5], "<f4").tobytes())
     render = gw.Render(binary=frozenset({"score"}))
-    reply = gw.infer_reply(message, render, ())
+    reply = ga.infer_reply(message, render, ())
     header = int(reply.headers[gw.BINARY_HEADER])
     doc = orjson.loads(reply.body[:header])
     assert doc["outputs"][0]["data"] == ["cat", ""]
@@ -195,9 +196,9 @@ def test_outputs_mixed_bytes_and_typed_contents() -> None:
     typed = pb.ModelInferResponse(model_name="m")  # data in contents, not raw (older servers)
     typed.outputs.add(name="score", datatype="FP32", shape=[2]).contents.fp32_contents.extend(
         [1.5, 2.5])
-    doc = orjson.loads(gw.infer_reply(typed, gw.Render(), ()).body)
+    doc = orjson.loads(ga.infer_reply(typed, gw.Render(), ()).body)
     assert doc["outputs"][0]["data"] == [1.5, 2.5]
-    reply = gw.infer_reply(typed, gw.Render(all_binary=True), ())
+    reply = ga.infer_reply(typed, gw.Render(all_binary=True), ())
     assert reply.body.endswith(np.asarray([1.5, 2.5], "<f4").tobytes())
 
 
@@ -211,11 +212,11 @@ def test_raw_data_that_does_not_fit_is_a_malformed_answer(breakage: str) -> None
     else:
         message.outputs[1].datatype = "BYTES"
         message.raw_output_contents[1] = b"\x09\x00\x00\x00ab"
-    with pytest.raises(gw.MalformedAnswer):
-        gw.infer_reply(message, gw.Render(), ())
+    with pytest.raises(ga.MalformedAnswer):
+        ga.infer_reply(message, gw.Render(), ())
     if breakage == "size":
-        with pytest.raises(gw.MalformedAnswer):
-            gw.infer_reply(message, gw.Render(all_binary=True), ())
+        with pytest.raises(ga.MalformedAnswer):
+            ga.infer_reply(message, gw.Render(all_binary=True), ())
 
 
 def test_ready_and_metadata_answers() -> None:

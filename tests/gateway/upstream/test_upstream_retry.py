@@ -23,7 +23,8 @@ from gateway.routing import BackendSpec, Router, RoutingSettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import MetricsObserver
 from gateway.upstream import ConnectFailed, MemoryTransport, Reply, Request, Reset, Upstream
-from gateway.upstream.admission.control import Admission, AdmissionSettings
+from gateway.upstream.admission.control import Admission
+from gateway.upstream.admission.settings import AdmissionSettings
 from gateway.upstream.retry import RetryBudget, RetryPolicy
 
 Behaviour = Callable[[Request], Awaitable[Reply]]

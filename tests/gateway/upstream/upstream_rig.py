@@ -26,7 +26,8 @@ from gateway.routing import BackendSpec, Router, RoutingSettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import MetricsObserver
 from gateway.upstream import AiohttpTransport, InferResult, Upstream
-from gateway.upstream.admission.control import Admission, AdmissionSettings
+from gateway.upstream.admission.control import Admission
+from gateway.upstream.admission.settings import AdmissionSettings
 from tests.conftest import free_port
 from tests.gateway.routing.oip_fake import FakeBackend
 

@@ -1,0 +1,143 @@
+"""The node tier's writer thread: the write queue and the one thread that drains it.
+
+``NodeWriter`` is the base ``NodeCache`` (node.py) builds on: ``_enqueue`` queues a write from
+the event loop (bounded by ``MAX_QUEUED`` entries), ``_drain`` runs on the writer thread and
+merges consecutive writes into one transaction, ``_write_retrying`` frees room on a full map
+(rotating the generations) and tries again, and every ``READER_CHECK_S`` the thread frees the
+reader slots of processes that died mid-read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import lmdb
+
+from gateway.cache.nodeadmit import NodeAdmission
+from gateway.cache.nodestore import GenerationStore, KeyBytes, WriteResult
+
+# The node tier's logger, as before the writer moved out of node.py: one name for the tier.
+log = logging.getLogger("gateway.cache.node")
+
+#: How often the writer thread frees reader slots left by processes that died mid-read.
+READER_CHECK_S = 30.0
+#: Entries queued for the writer thread at most; stores beyond it are dropped (a cache write).
+MAX_QUEUED = 65_536
+
+_Job = tuple[str, Any, "Future[Any]"]
+
+
+class NodeWriter:
+    """The write queue and the writer thread; ``NodeCache`` sets the parts in its ``__init__``."""
+
+    _store: GenerationStore
+    _admit: NodeAdmission | None
+    _writer: ThreadPoolExecutor
+    _lock: threading.Lock
+    _queue: list[_Job]
+    _queued_items: int
+    _draining: bool
+    _last_reader_check: float
+    _closed: bool
+
+    def _enqueue(self, op: str, args: Any, items: int) -> Future[Any]:
+        if self._closed:
+            raise RuntimeError("node cache is closed")
+        fut: Future[Any] = Future()
+        with self._lock:
+            if op == "write" and self._queued_items + items > MAX_QUEUED:
+                raise RuntimeError("node cache write queue is full")
+            self._queue.append((op, args, fut))
+            self._queued_items += items
+            start = not self._draining
+            self._draining = True
+        if start:
+            self._writer.submit(self._drain)
+        return fut
+
+    def _drain(self) -> None:
+        """Writer thread: run everything queued, consecutive writes merged into one
+        transaction, until the queue is empty."""
+        while True:
+            with self._lock:
+                jobs, self._queue, self._queued_items = self._queue, [], 0
+                if not jobs:
+                    self._draining = False
+                    return
+            self._maybe_check_readers()
+            batch: list[_Job] = []
+            for job in jobs:
+                if job[0] == "write":
+                    batch.append(job)
+                    continue
+                self._write_batch(batch)
+                batch = []
+                self._alone(job)
+            self._write_batch(batch)
+
+    def _alone(self, job: _Job) -> None:
+        """A delete or a purge, in a transaction of its own."""
+        op, args, fut = job
+        try:
+            if op == "delete":
+                fut.set_result(self._write_retrying([], [], args))
+            else:
+                fut.set_result(self._store.purge(*args))
+        except BaseException as exc:
+            fut.set_exception(exc)
+
+    def _write_batch(self, batch: list[_Job]) -> None:
+        if not batch:
+            return
+        puts = [p for _, (ps, _), _ in batch for p in ps]
+        promotes = [r for _, (_, rs), _ in batch for r in rs]
+        try:
+            result, _ = self._write_retrying(puts, promotes, [])
+        except BaseException as exc:
+            for _, _, fut in batch:
+                fut.set_exception(exc)
+            return
+        # One transaction for the lot: each caller gets its own count, the first the evictions.
+        for i, (_, (ps, _), fut) in enumerate(batch):
+            fut.set_result((WriteResult(len(ps), result.evicted if i == 0 else 0,
+                                        result.rotations if i == 0 else 0, result.bytes,
+                                        result.rejected if i == 0 else 0), 0))
+
+    def _write_retrying(self, puts: list[tuple[KeyBytes, bytes]], promotes: list[KeyBytes],
+                        deletes: list[KeyBytes]) -> tuple[WriteResult, int]:
+        """One transaction; on a full map, free room (dead readers' slots and a rotation, then a
+        second rotation, which leaves both generations empty) and try again."""
+        if sum(len(raw) + len(value) for raw, value in puts) > self._store.generation_bytes:
+            raise lmdb.MapFullError("node cache: one batch is larger than a generation")
+        evicted = rotations = 0
+        for attempt in range(3):
+            try:
+                result, deleted = self._store.write(puts, promotes, deletes, admit=self._admit)
+            except lmdb.MapFullError:
+                if attempt == 2:
+                    raise
+                if attempt == 0:
+                    self._store.reader_check()
+                freed = self._store.rotate()
+                evicted += freed.evicted
+                rotations += 1
+                log.info("node cache map full; rotated generations (%d entries evicted)",
+                         freed.evicted)
+                continue
+            if rotations:
+                result = WriteResult(result.stored, result.evicted + evicted,
+                                     result.rotations + rotations, result.bytes, result.rejected)
+            return result, deleted
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _maybe_check_readers(self) -> None:
+        now = time.monotonic()
+        if now - self._last_reader_check >= READER_CHECK_S:
+            self._last_reader_check = now
+            cleared = self._store.reader_check()
+            if cleared:
+                log.info("node cache: freed %d reader slots of dead processes", cleared)

@@ -1,0 +1,108 @@
+"""A tier's admission state and the slot a granted call holds, under ``Admission`` (control.py).
+
+``_TierQueue`` is one tier's counts (slots in flight, per tenant), its fair wait queue of
+``_Waiter`` and its service-time EWMA; ``Slot`` is the permission to make one upstream call,
+given back exactly once to its owner (``Admission``, seen here only through ``_Owner`` so that
+this module does not import control.py). ``PUBLIC`` is the tenant of a call that names none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from types import TracebackType
+from typing import Protocol
+
+from gateway.upstream.admission.adaptive import GradientLimit
+from gateway.upstream.admission.fairqueue import FairQueue
+
+# the tenant of a call that names none (gateway/tenants/directory.py uses the same id)
+PUBLIC = "public"
+
+
+class _Owner(Protocol):
+    """What a ``Slot`` needs of the ``Admission`` that granted it."""
+
+    clock: Callable[[], float]
+
+    def observe(self, service_time_s: float, *, tier: str | None = None,
+                epoch: int | None = None) -> None: ...
+
+    def _release(self, tier: str, tenant: str = PUBLIC) -> None: ...
+
+
+class _TierQueue:
+    __slots__ = ("active", "adaptive", "ewma_s", "holders", "samples", "waiters")
+
+    def __init__(self, adaptive: GradientLimit | None) -> None:
+        self.active = 0
+        self.adaptive = adaptive
+        self.waiters: FairQueue[_Waiter] = FairQueue()
+        self.holders: dict[str, int] = {}  # tenant -> slots held now
+        self.ewma_s = 0.0
+        self.samples = 0
+
+    def hold(self, tenant: str) -> None:
+        self.active += 1
+        self.holders[tenant] = self.holders.get(tenant, 0) + 1
+
+    def unhold(self, tenant: str) -> None:
+        self.active -= 1
+        left = self.holders.get(tenant, 0) - 1
+        if left > 0:
+            self.holders[tenant] = left
+        else:
+            self.holders.pop(tenant, None)
+
+
+class _Waiter:
+    __slots__ = ("future", "tenant")
+
+    def __init__(self, future: asyncio.Future[None], tenant: str) -> None:
+        self.future = future
+        self.tenant = tenant
+
+
+class Slot:
+    """Permission to make one upstream call in a tier; release it exactly once (idempotent).
+
+    Usable as ``async with await admission.acquire(...)``, or call ``release()``.
+    """
+
+    __slots__ = ("_admission", "_epoch", "_granted_at", "_released", "queued_s", "tenant", "tier")
+
+    def __init__(self, admission: _Owner, tier: str, granted_at: float, queued_s: float,
+                 epoch: int = 0, tenant: str = PUBLIC):
+        self._admission = admission
+        self._epoch = epoch
+        self._granted_at = granted_at
+        self._released = False
+        self.tier = tier
+        self.queued_s = queued_s
+        self.tenant = tenant
+
+    @property
+    def waited(self) -> bool:
+        """True when the request had to queue for this slot."""
+        return self.queued_s > 0.0
+
+    def release(self, *, observe: bool = True) -> None:
+        """Give the slot back (to the next waiter, if any) and record how long it was held.
+
+        ``observe=False`` for a slot given back unused, which says nothing of service time.
+        """
+        if not self._released:
+            self._released = True
+            if observe:
+                self._admission.observe(self._admission.clock() - self._granted_at,
+                                        tier=self.tier, epoch=self._epoch)
+            self._admission._release(self.tier, self.tenant)
+
+    async def __aenter__(self) -> Slot:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
