@@ -16,6 +16,7 @@ check that it all runs, not figures to quote.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 import time
@@ -163,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         for trace in traces:
             rows += _show(run_trace(trace, caps, node_caps, per_byte))
     else:
-        with ProcessPoolExecutor(jobs) as pool:
+        # Spawned, not forked: a fork of a process with threads (pytest's, numpy's) can leave the
+        # children spinning on a lock the parent held.
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             for part in pool.map(run_trace, traces, *zip(*[(caps, node_caps, per_byte)]
                                                           * len(traces), strict=True)):
                 rows += _show(part)
