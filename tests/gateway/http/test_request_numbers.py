@@ -38,8 +38,11 @@ async def test_a_plain_decimal_deadline_from_1_ms_is_taken(gateway: GatewayFacto
     client = await gateway()
     resp = await client.post("/v1/embeddings", json=EMBED,
                              headers={"X-Request-Timeout-Ms": value})
-    # 1 ms may pass before a backend answers: then 504, never a refusal of the header.
-    assert resp.status in ((200, 504) if float(value) < 1000 else (200,)), await resp.text()
+    # 1 ms may pass before a backend answers: then 504, or 503 when the backend's scheduler sees
+    # at once that the deadline cannot be met (docs/SCHEDULING.md); never a refusal of the
+    # header (400).
+    allowed = (200, 503, 504) if float(value) < 1000 else (200,)
+    assert resp.status in allowed, await resp.text()
 
 
 def test_cache_control_max_age_takes_ascii_digits_only() -> None:
