@@ -127,6 +127,11 @@ class Router:
             if len(candidates) == 1:
                 return candidates[0]
             a, b = self._rng.sample(candidates, 2)
+            if self.weight(a, now) < 1.0 or self.weight(b, now) < 1.0:
+                # Slow start already sets a returning backend's share (its draw above); its
+                # first, cold answers must not also price it out on latency, or it would never
+                # get the calls whose samples bring its EWMA down (P2C alone never explores).
+                return a if a.inflight <= b.inflight else b
             return a if self._cost(a, b) <= self._cost(b, a) else b
         return None
 
