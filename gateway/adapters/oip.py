@@ -22,19 +22,14 @@ shape has dimensions (flat data is always accepted), checked with an explicit st
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from gateway.adapters.fields import whole
-from gateway.errors import BackendRejected, BadGateway, ValidationFailed
-from gateway.pipeline import Fetched, FetchResult, Groups, Item, Result
-from gateway.pipeline.context import RequestContext
-from gateway.policy import Decision
-from gateway.upstream import Upstream
+from gateway.errors import ValidationFailed
+from gateway.pipeline import PerRequest, Result
 from gateway.upstream.schedule import SCHEDULE_PARAMETERS, client_schedule
 
 MAX_TENSOR_ELEMENTS = 4096
@@ -45,66 +40,21 @@ _TENSOR_KEYS = {"name", "datatype", "shape", "data", "parameters"}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OipCall:
-    """A validated OIP infer request with its BYTES texts pulled out (row-major order)."""
+    """A validated OIP infer request: its BYTES texts pulled out (row-major order) for the
+    policy, the rest as the backend will get it (``unit``: one item per request)."""
 
     model: str
-    body: dict[str, Any]
-    texts: tuple[str, ...]
-
-    def groups(self) -> Groups:
-        return (("inputs", self.texts),)
-
-    def outgoing(self, decision: Decision) -> dict[str, Any]:
-        """The request as the backend gets it: the policy's texts, no id, JSON answers."""
-        it = iter(item.text for item in decision.items)
-        inputs = [{**t, "data": [next(it) for _ in range(math.prod(t["shape"]))]}
-                  for t in self.body["inputs"]]
-        out = {k: v for k, v in self.body.items() if k != "id"}
-        out["inputs"] = inputs
-        out = _without_parameter(out, "binary_data_output")  # the gateway answers JSON
-        for name in SCHEDULE_PARAMETERS:  # the gateway's to set, per call (schedule.py)
-            out = _without_parameter(out, name)
-        if isinstance(out.get("outputs"), list):
-            out["outputs"] = [_without_parameter(o, "binary_data") for o in out["outputs"]]
-        return out
-
-    def items(self, decision: Decision) -> list[Item]:
-        canonical = orjson.dumps(self.outgoing(decision), option=orjson.OPT_SORT_KEYS)
-        return [Item(canonical, all(item.store for item in decision.items))]
-
-    async def fetch(self, upstream: Upstream, ctx: RequestContext, decision: Decision,
-                    indexes: Sequence[int]) -> FetchResult:
-        own_priority, own_timeout_s = client_schedule(self.body.get("parameters"))
-        deadline = ctx.deadline if own_timeout_s is None \
-            else min(ctx.deadline, time.monotonic() + own_timeout_s)
-        raw = await upstream.infer_raw(self.model, self.outgoing(decision),
-                                       request_id=ctx.request_id, deadline=deadline,
-                                       tenant=ctx.tenant, priority=ctx.priority,
-                                       route=ctx.route, client_priority=own_priority)
-        try:
-            answer = orjson.loads(raw.body)
-        except orjson.JSONDecodeError:
-            raise BadGateway(f"backend {raw.backend} answered with invalid JSON") from None
-        if 400 <= raw.status < 500:
-            message = answer.get("error") if isinstance(answer, dict) else None
-            raise BackendRejected.for_status(raw.status, str(message or "no message")[:200])
-        if raw.status != 200:
-            raise BadGateway(f"backend {raw.backend} answered {raw.status}")
-        if not isinstance(answer, dict) or not isinstance(answer.get("outputs"), list):
-            raise BadGateway(f"backend {raw.backend} answered without outputs")
-        answer.pop("id", None)
-        timing = raw.timing_ms
-        compute_ms = timing.get("compute", 0.0)
-        return FetchResult([Fetched(orjson.dumps(answer), b"", compute_ms)],
-                           timing.get("queue", 0.0), compute_ms)
+    groups: tuple[tuple[str, tuple[str, ...]], ...]
+    unit: PerRequest
+    request_id: str | None
+    """The client's ``id``: never stored, put back on the way out."""
 
     def render(self, result: Result) -> bytes:
         body = result.outcomes[0].value
-        rid = self.body.get("id")
-        if rid is None:
+        if self.request_id is None:
             return body
         answer = orjson.loads(body)
-        answer["id"] = rid
+        answer["id"] = self.request_id
         return orjson.dumps(answer)
 
 
@@ -202,4 +152,22 @@ def parse_oip(data: dict[str, Any], model: str) -> OipCall:
         if len(texts) > MAX_TENSOR_ELEMENTS:
             raise ValidationFailed(where, f"more than {MAX_TENSOR_ELEMENTS} elements in one "
                                           "request")
-    return OipCall(model=model, body=data, texts=tuple(texts))
+    own_priority, own_timeout_s = client_schedule(data.get("parameters"))
+    return OipCall(model=model, groups=(("inputs", tuple(texts)),), request_id=data.get("id"),
+                   unit=PerRequest(template=_template(data),
+                                   sizes=tuple(math.prod(t["shape"]) for t in inputs),
+                                   client_priority=own_priority,
+                                   client_timeout_s=own_timeout_s))
+
+
+def _template(data: dict[str, Any]) -> dict[str, Any]:
+    """The request as the backend gets it, less its inputs' data: no id, JSON answers, none of
+    the scheduling parameters (the gateway's to set, per call: schedule.py)."""
+    out = {k: v for k, v in data.items() if k != "id"}
+    out["inputs"] = [{k: v for k, v in t.items() if k != "data"} for t in data["inputs"]]
+    out = _without_parameter(out, "binary_data_output")  # the gateway answers JSON
+    for name in SCHEDULE_PARAMETERS:
+        out = _without_parameter(out, name)
+    if isinstance(out.get("outputs"), list):
+        out["outputs"] = [_without_parameter(o, "binary_data") for o in out["outputs"]]
+    return out

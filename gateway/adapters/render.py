@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import orjson
 
-from gateway.adapters.vectors import vector
 from gateway.cache.keys import CacheKey
 from gateway.pipeline import Outcome
+from gateway.pipeline.vectors import vector
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 

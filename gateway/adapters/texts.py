@@ -6,14 +6,14 @@ between each input and each label; ranking by cosine similarity between the quer
 document (the embeddings are L2-normalised, so the dot product is the cosine).
 
 ``parse_*`` validate a JSON body completely (everything that can be checked without a backend),
-so a bad request never reaches a cache or a backend; ``render`` builds the response body.
+so a bad request never reaches a cache or a backend; ``render`` builds the response body. What
+happens between the two (the items, their keys, the backend calls) is the pipeline's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,22 +22,13 @@ import orjson
 
 from gateway.adapters.fields import check_keys, positive_int, require_str, text_list
 from gateway.adapters.render import FragmentCache
-from gateway.adapters.vectors import pack, tokens, vector
 from gateway.errors import ValidationFailed
-from gateway.pipeline import Fetched, FetchResult, Groups, Item, Result
-from gateway.pipeline.context import RequestContext
-from gateway.policy import Decision
-from gateway.upstream import Upstream
+from gateway.pipeline import PER_TEXT, PerText, Result
+from gateway.pipeline.vectors import tokens, vector
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 # Softmax temperature turning label cosines into probabilities (CLIP-style zero-shot scale).
 CLASSIFY_TEMPERATURE = 0.05
-
-MAX_BACKEND_TEXTS = 256
-"""Texts per backend call (the backend's default ``max_items_per_request``): a rank request
-(one query and up to 256 documents) or a classify request (inputs and labels) is split."""
-MAX_BACKEND_TEXT_BYTES = 1024 * 1024
-"""UTF-8 bytes of text per backend call (half the backend's ``max_text_bytes_per_request``)."""
 
 Resolve = Callable[[str], str]
 """Client model name -> backend model name (raises ModelNotFound)."""
@@ -45,35 +36,14 @@ Resolve = Callable[[str], str]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TextCall:
-    """What the three routes share: one item per text, fetched as one BYTES tensor."""
+    """What the three routes share: one item per text (``PER_TEXT``)."""
 
     model: str
     name: str
     """The model name as the client sent it (echoed in the answer)."""
-    fields: tuple[tuple[str, tuple[str, ...]], ...]
-
-    def groups(self) -> Groups:
-        return self.fields
-
-    def items(self, decision: Decision) -> list[Item]:
-        return [Item(d.text.encode("utf-8"), d.store) for d in decision.items]
-
-    async def fetch(self, upstream: Upstream, ctx: RequestContext, decision: Decision,
-                    indexes: Sequence[int]) -> FetchResult:
-        texts = [decision.items[i].text for i in indexes]
-        parts = await asyncio.gather(*(
-            upstream.infer_texts(self.model, part, request_id=ctx.request_id,
-                                 deadline=ctx.deadline, tenant=ctx.tenant,
-                                 priority=ctx.priority, route=ctx.route)
-            for part in backend_batches(texts)))
-        items: list[Fetched] = []
-        for part in parts:
-            n = len(part.embeddings)
-            per_item = part.compute_ms / max(1, n)
-            counts = part.token_counts or [0] * n
-            items.extend(pack(part.embeddings[i], counts[i], per_item) for i in range(n))
-        return FetchResult(items, max(p.queue_ms for p in parts),
-                           sum(p.compute_ms for p in parts))
+    groups: tuple[tuple[str, tuple[str, ...]], ...]
+    """The texts by field, for the policy (and the renderers: labels, documents)."""
+    unit: PerText = PER_TEXT
 
     def _usage(self, result: Result) -> dict[str, int]:
         n = sum(tokens(o) for o in result.outcomes)
@@ -103,21 +73,6 @@ class EmbeddingsCall(TextCall):
                              "usage": self._usage(result)}, option=_NUMPY)
 
 
-def backend_batches(texts: Sequence[str]) -> list[list[str]]:
-    """``texts`` in order, cut into calls within the backend's per-request limits."""
-    batches: list[list[str]] = [[]]
-    size = 0
-    for text in texts:
-        n = len(text.encode("utf-8"))
-        if batches[-1] and (len(batches[-1]) >= MAX_BACKEND_TEXTS
-                            or size + n > MAX_BACKEND_TEXT_BYTES):
-            batches.append([])
-            size = 0
-        batches[-1].append(text)
-        size += n
-    return batches
-
-
 def parse_embeddings(data: dict[str, Any], resolve: Resolve, *,
                      width: Callable[[str], int | None] = lambda _model: None,
                      fragments: FragmentCache | None = None) -> EmbeddingsCall:
@@ -133,7 +88,7 @@ def parse_embeddings(data: dict[str, Any], resolve: Resolve, *,
     model = resolve(name)
     dims = (positive_int(data, "dimensions", 1, upper=width(model)) if "dimensions" in data
             else None)
-    return EmbeddingsCall(model=model, name=name, fields=(("input", tuple(texts)),),
+    return EmbeddingsCall(model=model, name=name, groups=(("input", tuple(texts)),),
                           encoding_format=fmt, dimensions=dims, fragments=fragments)
 
 
@@ -149,7 +104,7 @@ class ClassifyCall(TextCall):
     def render(self, result: Result) -> bytes:
         vectors = np.stack([vector(o) for o in result.outcomes])
         inputs, label_vecs = vectors[: self.n_inputs], vectors[self.n_inputs:]
-        labels = self.fields[1][1]
+        labels = self.groups[1][1]
         sims = inputs @ label_vecs.T
         logits = sims / CLASSIFY_TEMPERATURE
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -174,7 +129,7 @@ def parse_classify(data: dict[str, Any], resolve: Resolve) -> ClassifyCall:
     if "multi_label" in data and not isinstance(data["multi_label"], bool):
         raise ValidationFailed("multi_label", "must be true or false")
     return ClassifyCall(model=resolve(name), name=name, n_inputs=len(texts),
-                        fields=(("input", tuple(texts)), ("labels", tuple(labels))))
+                        groups=(("input", tuple(texts)), ("labels", tuple(labels))))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,7 +139,7 @@ class RankCall(TextCall):
 
     def render(self, result: Result) -> bytes:
         vectors = np.stack([vector(o) for o in result.outcomes])
-        docs = self.fields[1][1]
+        docs = self.groups[1][1]
         scores = vectors[1:] @ vectors[0]
         order = np.argsort(-scores, kind="stable")[: self.top_n]
         results = []
@@ -207,4 +162,4 @@ def parse_rank(data: dict[str, Any], resolve: Resolve) -> RankCall:
     if not isinstance(return_docs, bool):
         raise ValidationFailed("return_documents", "must be true or false")
     return RankCall(model=resolve(name), name=name, top_n=top_n, return_documents=return_docs,
-                    fields=(("query", (query,)), ("documents", tuple(docs))))
+                    groups=(("query", (query,)), ("documents", tuple(docs))))

@@ -82,7 +82,7 @@ def texts_of(route: str, body: Mapping[str, Any]) -> Groups:
         call = entry.parse(dict(body), Parsing(resolve=lambda name: name, path_model=path_model))
     except GatewayError as exc:
         raise RequestError(exc.public_message) from None
-    return [(name, list(texts)) for name, texts in call.groups()]
+    return [(name, list(texts)) for name, texts in call.groups]
 
 
 def _model_of(route: str, body: Mapping[str, Any]) -> str:

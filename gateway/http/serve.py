@@ -67,15 +67,47 @@ def identify(request: web.Request) -> str:
 
 async def serve(request: web.Request, route: str,
                 parse: Callable[[dict[str, Any]], Call]) -> web.Response:
-    """One cached route's request: authenticate (before any work proportional to the body),
-    check the tenant's request rate, then answer; the tenant's request counted by outcome."""
+    """The whole request path of every cached route, in order. Each stage is one line here and
+    lives in its own module; the route's adapter is entered twice, to parse and to render.
+
+    tenant -> quota -> body -> hot answer -> parse -> policy -> units and keys -> lookup
+    -> charge -> admission and fetch, store -> render
+
+    The tenant's request is counted by outcome (ok, rate_limited, shed, error)."""
     started = time.perf_counter()
-    tenant = identify(request)
+    app = request.app
+    tenant = identify(request)  # tenants/ (401), before any work proportional to the body
     outcome = "error"
     try:
-        response = await _answer(request, route, parse, tenant, started)
+        quota = await admit(request, tenant)  # tenants/quota/: the request rate (429)
+        check_json_type(request)  # http/body.py (415)
+        body = await read_body(request, app[state.SETTINGS].max_body_bytes)  # (413, 400)
+        headers = RequestHeaders.of(request.headers)  # policy/headers.py: the one reading
+        hot_key = hot_key_of(request, tenant, headers, body)  # pipeline/hot_answers.py
+        hot = await hot_answer(request, hot_key, tenant, quota, started) if hot_key else None
+        if hot is not None:
+            outcome = "ok"
+            return hot
+        ctx = make_context(request, route, tenant=tenant, started=started, headers=headers)
+        if quota is not None:
+            ctx.charge = quota.charge
+        call = parse(parse_json(body))  # adapters/: parse (400, 404, 422)
+        ctx.add_timing("parse", time.perf_counter() - started)
+        pipeline = app[state.PIPELINE]  # pipeline/core.py: the stages between parse and render
+        decision = pipeline.decide(ctx, call)  # policy/ (422 when a rule rejects)
+        plan = pipeline.plan(ctx, call, decision)  # pipeline/units.py, cache/keys.py
+        await pipeline.lookup(ctx, call, plan)  # cache/: L1, node tier, Redis
+        await pipeline.charge(ctx, plan)  # tenants/quota/: texts, hits told from misses (429)
+        await pipeline.fetch_and_store(ctx, call, plan)  # upstream/ (503, 504, 502); store
+        result = pipeline.finish(ctx, call, plan)
+        rendered = call.render(result)  # adapters/: render
+        app[state.OBSERVER].tenant_usage(tenant, usage_of(result.outcomes,
+                                                          ctx.timings.get("compute", 0.0)))
+        if hot_key is not None:
+            app[state.HOT].put(hot_key, call.model, result, rendered)
         outcome = "ok"
-        return response
+        return web.Response(body=rendered, content_type="application/json",
+                            headers=cache_headers(ctx, result.age_s))
     except RateLimited:
         outcome = "rate_limited"
         raise
@@ -83,51 +115,47 @@ async def serve(request: web.Request, route: str,
         outcome = "shed"
         raise
     finally:
-        request.app[state.OBSERVER].tenant_request(tenant, outcome)
+        app[state.OBSERVER].tenant_request(tenant, outcome)
 
 
-async def _answer(request: web.Request, route: str, parse: Callable[[dict[str, Any]], Call],
-                  tenant: str, started: float) -> web.Response:
-    """Read the body, answer a hot repeat at once (gateway/pipeline/hot_answers.py), else parse, run
-    the pipeline
-    (which charges the tenant's texts once hits are told from misses) and render."""
-    app = request.app
-    quota = app[state.QUOTAS].state(tenant)
+async def admit(request: web.Request, tenant: str) -> QuotaState | None:
+    """The tenant's request-rate limit (429), when it has limits; its state is kept for the
+    RateLimit headers and for the text charge after the lookup."""
+    quota = request.app[state.QUOTAS].state(tenant)
     if quota is not None:
         request[QUOTA] = quota
         await quota.admit()
-    check_json_type(request)
-    body = await read_body(request, app[state.SETTINGS].max_body_bytes)
+    return quota
+
+
+def hot_key_of(request: web.Request, tenant: str, headers: RequestHeaders,
+               body: bytes) -> bytes | None:
+    """The request's hot-answer key, or None when it must take the full path (Cache-Control
+    or a deadline of its own, or whatever ``HotAnswers.key`` refuses)."""
+    if "cache-control" in headers or "x-request-timeout-ms" in headers:
+        return None
+    return request.app[state.HOT].key(request.path, tenant, headers, body)
+
+
+async def hot_answer(request: web.Request, key: bytes, tenant: str, quota: QuotaState | None,
+                     started: float) -> web.Response | None:
+    """A repeat answered from its rendered body while the policy version, the header reading
+    and every entry (fresh under the current TTL) still hold; None: take the full path."""
+    app = request.app
     hot = app[state.HOT]
-    headers = RequestHeaders.of(request.headers)  # the one reading: hot key, policy, directives
-    hot_key = None
-    if "cache-control" not in headers and "x-request-timeout-ms" not in headers:
-        hot_key = hot.key(request.path, tenant, headers, body)
-        found = hot.get(hot_key) if hot_key is not None else None
-        if found is not None:
-            answer, age, from_node = found
-            if quota is not None:
-                await quota.charge(0, len(answer.entries))
-            hot.observe(answer, tenant, from_node)
-            app[state.OBSERVER].tenant_usage(tenant, hot_usage(answer.entries))
-            total = (time.perf_counter() - started) * 1000.0
-            return web.Response(body=answer.body, content_type="application/json", headers={
-                "X-Cache": "HIT", "Server-Timing": f"hot;dur={total:.3f}, total;dur={total:.3f}",
-                "X-Request-Id": request_id_of(request), "X-Cache-Policy": answer.decision.trail,
-                "Age": str(int(age))})
-    ctx = make_context(request, route, tenant=tenant, started=started, headers=headers)
+    found = hot.get(key)
+    if found is None:
+        return None
+    answer, age, from_node = found
     if quota is not None:
-        ctx.charge = quota.charge
-    call = parse(parse_json(body))
-    ctx.add_timing("parse", time.perf_counter() - started)
-    result = await app[state.PIPELINE].run(ctx, call)
-    app[state.OBSERVER].tenant_usage(tenant, usage_of(result.outcomes,
-                                                      ctx.timings.get("compute", 0.0)))
-    rendered = call.render(result)
-    if hot_key is not None:
-        hot.put(hot_key, call.model, result, rendered)
-    return web.Response(body=rendered, content_type="application/json",
-                        headers=cache_headers(ctx, result.age_s))
+        await quota.charge(0, len(answer.entries))
+    hot.observe(answer, tenant, from_node)
+    app[state.OBSERVER].tenant_usage(tenant, hot_usage(answer.entries))
+    total = (time.perf_counter() - started) * 1000.0
+    return web.Response(body=answer.body, content_type="application/json", headers={
+        "X-Cache": "HIT", "Server-Timing": f"hot;dur={total:.3f}, total;dur={total:.3f}",
+        "X-Request-Id": request_id_of(request), "X-Cache-Policy": answer.decision.trail,
+        "Age": str(int(age))})
 
 
 async def rate_limit_headers(request: web.Request, response: web.StreamResponse) -> None:

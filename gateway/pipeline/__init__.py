@@ -6,6 +6,7 @@ from gateway.pipeline.call import (
     COALESCED,
     HIT,
     MISS,
+    PER_TEXT,
     STALE,
     Call,
     Fetched,
@@ -13,12 +14,16 @@ from gateway.pipeline.call import (
     Groups,
     Item,
     Outcome,
+    PerRequest,
+    PerText,
     Result,
+    Unit,
 )
 from gateway.pipeline.core import Pipeline
 from gateway.pipeline.freshness import overall_status
 
 __all__ = [
-    "BYPASS", "COALESCED", "HIT", "MISS", "STALE", "Call", "FetchResult", "Fetched", "Groups",
-    "Item", "Outcome", "Pipeline", "Result", "overall_status",
+    "BYPASS", "COALESCED", "HIT", "MISS", "PER_TEXT", "STALE", "Call", "FetchResult", "Fetched",
+    "Groups", "Item", "Outcome", "PerRequest", "PerText", "Pipeline", "Result", "Unit",
+    "overall_status",
 ]

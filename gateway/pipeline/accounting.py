@@ -9,18 +9,12 @@ answers saved (the compute time stored with each entry).
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable, Sequence
 
 from gateway.cache.entry import Entry
 from gateway.pipeline.call import BYPASS, COALESCED, HIT, MISS, STALE, Outcome
+from gateway.pipeline.vectors import meta_tokens as _tokens
 from gateway.telemetry.usage import TenantUsage
-
-_TOKENS = struct.Struct("<I")  # the token count in an item's meta (gateway/adapters/vectors.py)
-
-
-def _tokens(meta: bytes) -> int:
-    return _TOKENS.unpack(meta)[0] if len(meta) == _TOKENS.size else 0
 
 
 def usage_of(outcomes: Sequence[Outcome], compute_ms: float) -> TenantUsage:

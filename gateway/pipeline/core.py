@@ -1,10 +1,12 @@
-"""The request path of every cached route, top to bottom, in one function: ``Pipeline.run``.
+"""The stages of every cached route's request between parse and render, top to bottom.
 
-    parse (the route's Call) -> tenant (ctx) -> policy -> keys -> lookup (tiers)
-    -> coalesce -> admit/route/call (upstream) -> store -> render (the route's Call)
+    decide (policy) -> plan (units, keys) -> lookup (tiers) -> charge (quota)
+    -> fetch_and_store (coalesce, admission, routing, backend; store) -> finish
 
-Handlers parse and render; the stages live in their own modules; this is the one place that
-composes them, so the cache never learns about routing and routing never learns about the cache.
+The HTTP request path (``gateway/http/serve.py``, one function) calls these stages in order
+between parsing and rendering; ``Pipeline.run`` calls the same ones for batch lines and tests.
+The stages' work lives in their own modules; this is the one place that composes them, so the
+cache never learns about routing and routing never learns about the cache.
 
 One set of cache semantics for every route:
 - an item the policy forbids to store is neither written nor read (an entry written under an
@@ -36,14 +38,15 @@ from gateway.pipeline.call import (
     Call,
     Fetched,
     FetchResult,
-    Item,
     Outcome,
     Result,
 )
 from gateway.pipeline.context import RequestContext
 from gateway.pipeline.freshness import overall_status
+from gateway.pipeline.plan import Plan
 from gateway.pipeline.revalidate import Revalidate
 from gateway.pipeline.singleflight import FlightAbandoned, SingleFlight
+from gateway.pipeline.units import fetch, items_of
 from gateway.policy import Decision, evaluate_groups
 from gateway.policy.store import PolicyStore
 from gateway.telemetry.observer import Observer
@@ -78,53 +81,23 @@ class Pipeline(Revalidate):
         self.background = Background()
 
     async def run(self, ctx: RequestContext, call: Call) -> Result:
-        """Answer one request: every item from a cache or a backend, in request order."""
-        decision = self._policy(ctx, call)
-        items = call.items(decision)
-        keys = self._keys(ctx, call.model, decision, items)
-        use_cache = decision.cache and ctx.directives.may_write
-        outcomes: list[Outcome | None] = [None] * len(items)
-        entries: list[Entry | None] = [None] * len(items)
-        positions: dict[CacheKey, list[int]] = {}  # unique keys -> the positions sharing them
-        for i, key in enumerate(keys):
-            positions.setdefault(key, []).append(i)
-        storable = [k for k, pos in positions.items() if all(items[i].store for i in pos)]
+        """Answer one parsed request: every item from a cache or a backend, in request order.
+        The same stages, in the same order, as the HTTP request path (gateway/http/serve.py),
+        for callers without one (batch lines, tests)."""
+        decision = self.decide(ctx, call)
+        plan = self.plan(ctx, call, decision)
+        await self.lookup(ctx, call, plan)
+        await self.charge(ctx, plan)
+        await self.fetch_and_store(ctx, call, plan)
+        return self.finish(ctx, call, plan)
 
-        rule = decision.rule
-        if storable and (use_cache and (ctx.directives.may_read or rule.stale_if_error_s > 0)):
-            await self._lookup(ctx, storable, positions, entries, rule.ttl_s)
-            if ctx.directives.may_read:
-                self._answer_from_cache(ctx, call, decision, keys, entries, outcomes)
+    # -- stages, in request order -------------------------------------------------------------
 
-        missing = [k for k, pos in positions.items() if outcomes[pos[0]] is None]
-        if ctx.charge is not None:  # the tenant's quota, now that hits are told from misses
-            await ctx.charge(len(missing), len(items) - sum(len(positions[k]) for k in missing))
-        if missing:
-            stored = set(storable) if use_cache else set()
-            failure = await self._fetch(ctx, call, decision, positions, missing, outcomes, stored)
-            if failure is not None:
-                self._stale_if_error(ctx, decision, keys, entries, outcomes, failure)
-
-        final = [o for o in outcomes if o is not None]
-        if len(final) != len(items):  # every position is filled by construction
-            raise GatewayError("internal error: unanswered item")
-        # BYPASS for every item the cache was kept out of: all of them when the policy or the
-        # client says so, else those the policy forbids to store (a no_store detector's).
-        kept = set(storable) if use_cache else set()
-        for key, o in zip(keys, final, strict=True):
-            if key not in kept:
-                o.status = BYPASS
-        statuses = [o.status for o in final]
-        self.observer.items_answered(call.model, ctx.tenant, statuses)
-        status = overall_status(statuses)
-        ctx.cache_status = status
-        return Result(final, decision, status, max((o.age_s for o in final), default=0.0))
-
-    # -- stages -----------------------------------------------------------------------------
-
-    def _policy(self, ctx: RequestContext, call: Call) -> Decision:
+    def decide(self, ctx: RequestContext, call: Call) -> Decision:
+        """The policy's decision on the request's texts (gateway/policy/): normalised or
+        redacted texts, whether each may be stored, the rule's TTLs; 422 when a rule rejects."""
         t0 = time.perf_counter()
-        groups = call.groups()
+        groups = call.groups
         try:
             decision = evaluate_groups(self.policies.active, route=ctx.route, model=call.model,
                                        tenant=ctx.tenant, headers=ctx.headers, groups=groups)
@@ -147,23 +120,77 @@ class Pipeline(Revalidate):
         ctx.add_timing("policy", time.perf_counter() - t0)
         return decision
 
-    def _keys(self, ctx: RequestContext, model: str, decision: Decision,
-              items: Sequence[Item]) -> list[CacheKey]:
-        version = self.model_version(model) or "unknown"
+    def plan(self, ctx: RequestContext, call: Call, decision: Decision) -> Plan:
+        """The request's items (gateway/pipeline/units.py) and their keys
+        (gateway/cache/keys.py); identical items share one key and one answer."""
+        items = items_of(call.unit, decision)
+        version = self.model_version(call.model) or "unknown"
         norm = decision.rule.normalization.fingerprint
-        return [derive_key(route=ctx.route, model=model, model_version=version,
+        keys = [derive_key(route=ctx.route, model=call.model, model_version=version,
                            scope=decision.scope, normalization=norm, canonical=item.canonical)
                 for item in items]
+        positions: dict[CacheKey, list[int]] = {}  # unique keys -> the positions sharing them
+        for i, key in enumerate(keys):
+            positions.setdefault(key, []).append(i)
+        use_cache = decision.cache and ctx.directives.may_write
+        storable = [k for k, pos in positions.items() if all(items[i].store for i in pos)]
+        return Plan(decision, keys, positions, storable if use_cache else [])
 
-    async def _lookup(self, ctx: RequestContext, keys: list[CacheKey],
-                      positions: dict[CacheKey, list[int]], entries: list[Entry | None],
-                      ttl_s: float) -> None:
+    async def lookup(self, ctx: RequestContext, call: Call, plan: Plan) -> None:
+        """Read the cache tiers (gateway/cache/) for the storable keys; fresh entries answer
+        (HIT), stale ones answer and refresh in the background (STALE). Skipped when the policy
+        or the client keeps the cache out, except to keep entries for stale-if-error."""
+        rule = plan.decision.rule
+        if not plan.kept or not (ctx.directives.may_read or rule.stale_if_error_s > 0):
+            return
         t0 = time.perf_counter()
-        found = await self.cache.get_many(keys, ttl_s=ttl_s)
+        found = await self.cache.get_many(plan.kept, ttl_s=rule.ttl_s)
         ctx.add_timing("cache", time.perf_counter() - t0)
-        for key, (entry, _tier) in zip(keys, found, strict=True):
-            for i in positions[key]:
-                entries[i] = entry
+        for key, (entry, _tier) in zip(plan.kept, found, strict=True):
+            for i in plan.positions[key]:
+                plan.entries[i] = entry
+        if ctx.directives.may_read:
+            self._answer_from_cache(ctx, call, plan.decision, plan.keys, plan.entries,
+                                    plan.outcomes)
+
+    async def charge(self, ctx: RequestContext, plan: Plan) -> None:
+        """The tenant's quota (gateway/tenants/quota/), now that hits are told from misses:
+        texts going to a backend at full cost, cache answers at the hit cost (may raise 429)."""
+        if ctx.charge is None:
+            return
+        missing = plan.missing()
+        await ctx.charge(len(missing),
+                         len(plan.keys) - sum(len(plan.positions[k]) for k in missing))
+
+    async def fetch_and_store(self, ctx: RequestContext, call: Call, plan: Plan) -> None:
+        """The missing items: coalesced with identical ones in flight (singleflight.py), the
+        rest asked of a backend through admission and routing (gateway/upstream/), written
+        through the one store path (L1 now, the other tiers in the background). When every
+        backend failed, entries inside stale-if-error answer (STALE), else the error stands."""
+        missing = plan.missing()
+        if not missing:
+            return
+        failure = await self._fetch(ctx, call, plan.decision, plan.positions, missing,
+                                    plan.outcomes, set(plan.kept))
+        if failure is not None:
+            self._stale_if_error(ctx, plan.decision, plan.keys, plan.entries, plan.outcomes,
+                                 failure)
+
+    def finish(self, ctx: RequestContext, call: Call, plan: Plan) -> Result:
+        """The items in request order with how each was answered (BYPASS for every item the
+        cache was kept out of), counted; the request's X-Cache status."""
+        final = [o for o in plan.outcomes if o is not None]
+        if len(final) != len(plan.keys):  # every position is filled by construction
+            raise GatewayError("internal error: unanswered item")
+        kept = set(plan.kept)
+        for key, o in zip(plan.keys, final, strict=True):
+            if key not in kept:
+                o.status = BYPASS
+        statuses = [o.status for o in final]
+        self.observer.items_answered(call.model, ctx.tenant, statuses)
+        status = overall_status(statuses)
+        ctx.cache_status = status
+        return Result(final, plan.decision, status, max((o.age_s for o in final), default=0.0))
 
     async def _fetch(
         self, ctx: RequestContext, call: Call, decision: Decision,
@@ -238,7 +265,8 @@ class Pipeline(Revalidate):
             self.observer.shed("deadline")
             raise DeadlineExceeded("the request's deadline passed before a backend was called")
         t0 = time.perf_counter()
-        res: FetchResult = await call.fetch(self.upstream, ctx, decision, indexes)
+        res: FetchResult = await fetch(call.unit, self.upstream, ctx, call.model, decision,
+                                       indexes)
         ctx.add_timing("queue", res.queue_ms / 1000.0)
         ctx.add_timing("compute", res.compute_ms / 1000.0)
         ctx.add_timing("upstream", time.perf_counter() - t0)

@@ -49,7 +49,7 @@ def problems(route: Route, document: dict[str, Any]) -> list[str]:
         except Exception as exc:  # any failure is the finding
             found.append(f"{route.path}: example {name!r} is refused by its parser ({exc})")
             continue
-        if not any(texts for _field, texts in call.groups()):
+        if not any(texts for _field, texts in call.groups):
             found.append(f"{route.path}: example {name!r} has no texts for the policy")
     return found
 
@@ -96,4 +96,4 @@ def test_policy_explain_reads_the_texts_the_adapter_reads(route: Route) -> None:
     path = route.path.replace("{name}", "minilm")
     model = "minilm" if route.path.startswith("/v2/models/") else None
     call = route.parse(dict(example), Parsing(resolve=lambda n: "minilm", path_model=model))
-    assert texts_of(path, example) == [(f, list(t)) for f, t in call.groups()]
+    assert texts_of(path, example) == [(f, list(t)) for f, t in call.groups]

@@ -8,10 +8,10 @@ import numpy as np
 import orjson
 
 from gateway.adapters.render import FragmentCache
-from gateway.adapters.vectors import vector
 from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey, derive_key
 from gateway.pipeline import Outcome
+from gateway.pipeline.vectors import vector
 
 
 def _key(text: str) -> CacheKey:

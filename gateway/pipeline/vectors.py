@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 
-from gateway.pipeline import Fetched, Outcome
+from gateway.pipeline.call import Fetched, Outcome
 
 _TOKENS = struct.Struct("<I")
 
@@ -24,4 +24,9 @@ def vector(item: Outcome) -> np.ndarray:
 
 def tokens(item: Outcome) -> int:
     """The token count stored beside the embedding (0 when the backend did not report it)."""
-    return _TOKENS.unpack(item.meta)[0] if len(item.meta) == _TOKENS.size else 0
+    return meta_tokens(item.meta)
+
+
+def meta_tokens(meta: bytes) -> int:
+    """The token count an item's ``meta`` holds (0: none reported, or not a text's item)."""
+    return _TOKENS.unpack(meta)[0] if len(meta) == _TOKENS.size else 0
