@@ -25,6 +25,7 @@ Pure bookkeeping, no I/O, no timers: it advances as samples arrive, on the calle
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Callable
@@ -40,9 +41,9 @@ _MIN_WINDOWS_BEFORE_PROBE = 5
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AdaptiveSettings:
     """The gradient controller's knobs (settings section ``admission.adaptive``; Envoy's names in
-    brackets). Off unless ``enabled``; ``admission.tier_concurrency`` is its ceiling."""
+    brackets). On unless ``enabled`` is false; ``admission.tier_concurrency`` is its ceiling."""
 
-    enabled: bool = False
+    enabled: bool = True
     """Let each tier's limit follow backend latency instead of the fixed
     ``admission.tier_concurrency``."""
     window_s: float = 0.1
@@ -55,7 +56,7 @@ class AdaptiveSettings:
     [min_rtt_calc_params.buffer]."""
     min_limit: int = 3
     """The limit during a probe window and the floor at all times
-    [min_rtt_calc_params.min_concurrency]."""
+    [min_rtt_calc_params.min_concurrency]; capped at ``admission.tier_concurrency``."""
     probe_interval_s: float = 30.0
     """Time between minRTT probes, plus up to 10% jitter [min_rtt_calc_params.interval]."""
     probe_requests: int = 50
@@ -82,7 +83,9 @@ class GradientLimit:
 
     def __init__(self, settings: AdaptiveSettings, max_limit: int, *,
                  clock: Callable[[], float], rng: random.Random | None = None) -> None:
-        # max_limit >= settings.min_limit: AdmissionSettings, where both come from, checks it.
+        # A floor above the ceiling (tier_concurrency set below min_limit) is capped at it.
+        if settings.min_limit > max_limit:
+            settings = dataclasses.replace(settings, min_limit=max_limit)
         self._settings = settings
         self._clock = clock
         self._rng = rng or random.Random()

@@ -10,6 +10,10 @@ A request either gets a slot at once, waits in its tier's queue, or is shed at o
 - ``deadline``: the expected wait (position in the fair order / concurrency x the tier's recent
   slot-hold time) already exceeds the time the request has left; shedding now beats timing out
   later.
+- ``wait``: an interactive request's expected wait exceeds ``max_wait_factor`` times the tier's
+  recent slot-hold time: under overload the surplus is told at once, and what is admitted waits
+  about as long as it would at moderate load (batch-class calls wait up to their deadline; no
+  bound while the adaptive limit probes for minRTT, when the limit is held low on purpose).
 - ``expired``: the deadline passed while the request was queued; it leaves the queue (504) and
   never reaches a backend.
 
@@ -22,10 +26,11 @@ the lower of the caller's ``priority`` (batch jobs pass ``batch``) and its tenan
 Memory stays bounded: the queue never holds more than ``tier_queue`` waiters per tier. Each
 tier's service time is an EWMA of how long slots are held, fed by ``Slot.release``.
 
-The limit is ``tier_concurrency``, or with ``adaptive.enabled``, a per-tier ``GradientLimit``
-(gateway/upstream/admission/adaptive.py) moving under that ceiling with the latency the tier's calls
-show; when it
-rises, queued requests are granted at once. ``AdmissionSettings`` (settings.py) is the settings
+The limit is a per-tier ``GradientLimit`` (gateway/upstream/admission/adaptive.py, on by
+default) moving under the ceiling ``tier_concurrency`` with the latency the tier's calls show, so
+that what the backends cannot use waits here, in fair order, rather than in their FIFO; when it
+rises, queued requests are granted at once. With ``adaptive.enabled: false`` the limit is
+``tier_concurrency``. ``AdmissionSettings`` (settings.py) is the settings
 section ``admission``; a tier's state and the ``Slot`` live in slots.py.
 """
 
@@ -68,6 +73,7 @@ class Admission:
         self._limit = settings.tier_concurrency
         self._queue_limit = settings.tier_queue
         self._adaptive = settings.adaptive if settings.adaptive.enabled else None
+        self._max_wait_factor = settings.max_wait_factor
         self._observer: Observer = observer or NullObserver()
         self.clock = clock
         self._share = share
@@ -150,6 +156,13 @@ class Admission:
         if wait > deadline - self.clock():
             return Overloaded(f"expected wait {wait * 1000:.0f} ms exceeds the request deadline",
                               reason="deadline", retry_after_s=wait), None
+        bound = self._max_wait_factor * state.ewma_s
+        probing = state.adaptive is not None and state.adaptive.probing
+        if bound and cls == INTERACTIVE and wait > bound and not probing:
+            return Overloaded(f"expected wait {wait * 1000:.0f} ms exceeds "
+                              f"{self._max_wait_factor:g} x the tier's service time "
+                              f"({state.ewma_s * 1000:.0f} ms)", reason="wait",
+                              retry_after_s=wait), None
         return None, victim
 
     def try_acquire(self, tier: str, *, tenant: str = PUBLIC) -> Slot | None:

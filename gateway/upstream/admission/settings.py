@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from gateway import validation as check
 from gateway.upstream.admission.adaptive import AdaptiveSettings
-from gateway.validation import SettingsError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -23,14 +22,18 @@ class AdmissionSettings:
     ceiling the adaptive limit moves under."""
     tier_queue: int = 256
     """Requests that may wait per tier; more are shed at once (503 with Retry-After)."""
+    max_wait_factor: float = 2.0
+    """An interactive request whose expected wait in the queue exceeds this many times the
+    tier's recent service time is shed at once (503 with Retry-After, ``reason="wait"``):
+    under overload the surplus is told at once, and what is admitted waits about as long as at
+    moderate load. 0: no bound but the request's deadline. Batch-class calls wait up to their
+    deadline."""
     adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)
-    """The adaptive concurrency limit per tier (gateway/upstream/admission/adaptive.py), off by
-    default."""
+    """The adaptive concurrency limit per tier (gateway/upstream/admission/adaptive.py), on by
+    default: the calls in flight follow what the backends can use, and the surplus waits in
+    the gateway's fair queue, where priority, fairness and the wait bound act."""
 
     def __post_init__(self) -> None:
         check.at_least("tier_concurrency", self.tier_concurrency, 1)
         check.at_least("tier_queue", self.tier_queue, 0)
-        if self.adaptive.enabled and self.adaptive.min_limit > self.tier_concurrency:
-            raise SettingsError(
-                f"adaptive.min_limit: must be at most tier_concurrency ({self.tier_concurrency}),"
-                f" the adaptive limit's ceiling (got {self.adaptive.min_limit})")
+        check.between("max_wait_factor", self.max_wait_factor, 0, 1000)

@@ -12,16 +12,20 @@ from gateway.batch.gate import Gate, LoopLag
 from gateway.routing.balancer import Router
 from gateway.routing.config import BackendSpec, RoutingSettings
 from gateway.telemetry.observer import NullObserver
+from gateway.upstream.admission.adaptive import AdaptiveSettings
 from gateway.upstream.admission.control import Admission
 from gateway.upstream.admission.settings import AdmissionSettings
 from gateway.upstream.admission.slots import Slot
+
+FIXED = AdaptiveSettings(enabled=False)  # a fixed limit: the adaptive one is on by default
 
 
 def parts(limit: int = 4) -> tuple[Admission, Router, str]:
     router = Router([BackendSpec(url="http://127.0.0.1:9", zone="z")], RoutingSettings(zone="z"))
     state = router.pick()
     assert state is not None  # backends count as healthy until their first check
-    return Admission(AdmissionSettings(tier_concurrency=limit)), router, router.tier_of(state)
+    admission = Admission(AdmissionSettings(tier_concurrency=limit, adaptive=FIXED))
+    return admission, router, router.tier_of(state)
 
 
 def gate(admission: Admission, router: Router, *, share: float = 0.5,

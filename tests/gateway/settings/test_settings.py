@@ -76,18 +76,18 @@ def test_precedence_and_types(tmp_path: Path) -> None:
 
 def test_dotted_keys_and_nested_mappings_mean_the_same() -> None:
     url = "redis://h:1/0"
-    dotted = load_settings(None, {"redis.url": url, "admission.adaptive.enabled": True},
+    dotted = load_settings(None, {"redis.url": url, "admission.adaptive.enabled": False},
                            environ={})
     nest = load_settings(None, {"redis": {"url": url}, "admission": {"adaptive": {
-        "enabled": True}}}, environ={})
-    assert dotted == nest and dotted.redis.url == url and dotted.admission.adaptive.enabled
+        "enabled": False}}}, environ={})
+    assert dotted == nest and dotted.redis.url == url and not dotted.admission.adaptive.enabled
     # An empty section in YAML (``redis:`` with everything under it commented out) is defaults.
     assert load_settings(None, {"redis": None}, environ={}).redis.url is None
 
 
 def test_defaults_and_direct_construction() -> None:
     s = Settings()
-    assert s.models == ("minilm",) and s.redis.url is None and not s.admission.adaptive.enabled
+    assert s.models == ("minilm",) and s.redis.url is None and s.admission.adaptive.enabled
     assert Settings(models=["a", "b"], model_aliases={}).models == ("a", "b")  # type: ignore[arg-type]
     with pytest.raises(SettingsError, match=r"^models: "):
         Settings(models="minilm")  # type: ignore[arg-type]

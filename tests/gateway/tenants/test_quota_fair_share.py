@@ -13,10 +13,13 @@ from prometheus_client import CollectorRegistry
 from gateway.errors import Overloaded
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import MetricsObserver
+from gateway.upstream.admission.adaptive import AdaptiveSettings
 from gateway.upstream.admission.control import Admission
 from gateway.upstream.admission.fairqueue import BATCH, INTERACTIVE, FairQueue, Priority
 from gateway.upstream.admission.settings import AdmissionSettings
 from gateway.upstream.admission.slots import Slot
+
+FIXED = AdaptiveSettings(enabled=False)  # a fixed limit: the adaptive one is on by default
 
 
 def drain(queue: FairQueue[str]) -> list[str]:
@@ -132,12 +135,13 @@ class FakeClock:
 
 
 def make(concurrency: int = 1, queue: int = 3,
-         shares: dict[str, tuple[float, Priority]] | None = None,
+         shares: dict[str, tuple[float, Priority]] | None = None, wait_factor: float = 0.0,
          ) -> tuple[Admission, FakeClock, CollectorRegistry]:
     clock = FakeClock()
     table = shares if shares is not None else {}
     registry = CollectorRegistry()
-    admission = Admission(AdmissionSettings(tier_concurrency=concurrency, tier_queue=queue),
+    admission = Admission(AdmissionSettings(tier_concurrency=concurrency, tier_queue=queue,
+                                            adaptive=FIXED, max_wait_factor=wait_factor),
                           observer=MetricsObserver(GatewayMetrics(registry)), clock=clock,
                           share=lambda t: table.get(t, (1.0, INTERACTIVE)))
     return admission, clock, registry

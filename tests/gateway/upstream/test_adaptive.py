@@ -37,6 +37,8 @@ from gateway.upstream.admission.settings import AdmissionSettings
 from tests.gateway.routing.oip_fake import FakeBackend
 from tests.gateway.upstream.upstream_rig import Build
 
+FIXED = AdaptiveSettings(enabled=False)  # a fixed limit: the adaptive one is on by default
+
 
 class Clock:
     def __init__(self) -> None:
@@ -179,25 +181,19 @@ def test_bad_adaptive_settings_name_the_field(knobs: dict[str, Any], field: str)
 
 
 def test_gateway_settings_load_the_section_and_validate() -> None:
-    assert load_settings(None, None, environ={}).admission.adaptive.enabled is False
+    assert load_settings(None, None, environ={}).admission.adaptive.enabled is True  # shipped
     loaded = load_settings(None, {"admission": {"adaptive": {
         "enabled": True, "window_s": 0.25, "min_limit": 2, "percentile": 90}}}, environ={})
     assert loaded.admission.adaptive == AdaptiveSettings(enabled=True, window_s=0.25,
                                                          min_limit=2, percentile=90.0)
     with pytest.raises(SettingsError,
-                       match=r"^admission\.adaptive\.min_limit: .*tier_concurrency \(2\)"):
-        load_settings(None, {"admission": {"tier_concurrency": 2,
-                                           "adaptive": {"enabled": True, "min_limit": 3}}},
-                      environ={})
-    with pytest.raises(SettingsError,
                        match=r"^admission\.adaptive\.buffer: must be between 0 and 10"):
         load_settings(None, {"admission.adaptive.buffer": 11}, environ={})
-    with pytest.raises(ValueError, match="tier_concurrency"):
-        AdmissionSettings(tier_concurrency=2,
-                          adaptive=AdaptiveSettings(enabled=True, min_limit=3))
-    # Off, the floor is not held against a ceiling it does not use.
-    assert AdmissionSettings(tier_concurrency=2,
-                             adaptive=AdaptiveSettings(min_limit=3)).tier_concurrency == 2
+    # A ceiling below the floor caps the floor: tier_concurrency 2 means at most 2 in flight,
+    # probes included.
+    capped = Admission(AdmissionSettings(tier_concurrency=2,
+                                         adaptive=AdaptiveSettings(min_limit=3)))
+    assert capped.limit("zone") == 2
 
 
 async def test_admission_grants_queued_requests_when_the_limit_rises() -> None:
@@ -241,7 +237,7 @@ async def test_admission_grants_queued_requests_when_the_limit_rises() -> None:
 
 async def test_fixed_limit_is_reported_too() -> None:
     registry = CollectorRegistry()
-    admission = Admission(AdmissionSettings(tier_concurrency=7),
+    admission = Admission(AdmissionSettings(tier_concurrency=7, adaptive=FIXED),
                           observer=MetricsObserver(GatewayMetrics(registry)))
     slot = await admission.acquire("zone", deadline=time.monotonic() + 5)
     assert admission.limit("zone") == 7 and admission.adaptive("zone") is None
@@ -250,7 +246,8 @@ async def test_fixed_limit_is_reported_too() -> None:
 
 
 async def drive(build: Build, backend: FakeBackend, *, clients: int, seconds: float) -> Any:
-    rig = await build([(backend, "a")], tier_concurrency=64, tier_queue=256,
+    # No wait bound (max_wait_factor): these tests watch the limit, not the queue.
+    rig = await build([(backend, "a")], tier_concurrency=64, tier_queue=256, max_wait_factor=0,
                       adaptive=AdaptiveSettings(enabled=True, window_s=0.05, probe_requests=10))
     stop = time.monotonic() + seconds
     shed = 0

@@ -11,14 +11,20 @@ from prometheus_client import CollectorRegistry
 from gateway.errors import DeadlineExceeded, Overloaded
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import MetricsObserver
+from gateway.upstream.admission.adaptive import AdaptiveSettings
 from gateway.upstream.admission.control import Admission
 from gateway.upstream.admission.settings import AdmissionSettings
 from gateway.upstream.admission.slots import Slot
 
+FIXED = AdaptiveSettings(enabled=False)  # a fixed limit: the adaptive one is on by default
 
-def make(concurrency: int = 1, queue: int = 2) -> tuple[Admission, CollectorRegistry]:
+
+def make(concurrency: int = 1, queue: int = 2,
+         wait_factor: float = 0.0) -> tuple[Admission, CollectorRegistry]:
+    """A fixed limit; no wait bound unless ``wait_factor`` (tests of the queue's mechanics)."""
     registry = CollectorRegistry()
-    admission = Admission(AdmissionSettings(tier_concurrency=concurrency, tier_queue=queue),
+    admission = Admission(AdmissionSettings(tier_concurrency=concurrency, tier_queue=queue,
+                                            adaptive=FIXED, max_wait_factor=wait_factor),
                           observer=MetricsObserver(GatewayMetrics(registry)))
     return admission, registry
 
@@ -177,3 +183,51 @@ async def test_service_time_ewma_comes_from_released_slots() -> None:
     assert admission.service_time_s("zone") >= 0.015
     admission.observe(1.0)  # no tier: every known tier
     assert admission.service_time_s("zone") > 0.2
+
+
+async def test_wait_bound_sheds_interactive_surplus_at_once_and_keeps_batch_waiting() -> None:
+    """``max_wait_factor``: a newcomer whose expected wait passes that many service times is
+    told at once (503, reason "wait"), however long its deadline; batch-class calls queue."""
+    admission, registry = make(concurrency=2, queue=100, wait_factor=2.0)
+    held = [await admission.acquire("zone", deadline=later(60)) for _ in range(2)]
+    admission.observe(0.1, tier="zone")  # slots are held ~100 ms: one turn is 50 ms
+    waiters = [asyncio.create_task(admission.acquire("zone", deadline=later(60)))
+               for _ in range(3)]
+    await asyncio.sleep(0)
+    assert admission.queue_depth("zone") == 3  # 4th position: 200 ms, within 2 x 100 ms
+    queued = asyncio.create_task(admission.acquire("zone", deadline=later(60)))
+    await asyncio.sleep(0)
+    assert admission.queue_depth("zone") == 4
+    with pytest.raises(Overloaded) as shed:  # 5th position: 250 ms > 200 ms
+        await admission.acquire("zone", deadline=later(60))
+    assert shed.value.reason == "wait" and "2 x the tier's service time" in str(shed.value)
+    assert int(shed.value.headers()["Retry-After"]) >= 1
+    assert registry.get_sample_value("gateway_shed_total", {"reason": "wait"}) == 1
+    batch = asyncio.create_task(admission.acquire("zone", deadline=later(60), priority="batch"))
+    await asyncio.sleep(0)
+    assert admission.queue_depth("zone") == 5 and not batch.done()  # batch waits its turn
+    for slot in held:
+        slot.release()
+    for task in [*waiters, queued, batch]:
+        slot = await task
+        slot.release()
+    assert admission.inflight("zone") == 0 and admission.queue_depth("zone") == 0
+
+
+async def test_wait_bound_is_off_while_the_adaptive_limit_probes() -> None:
+    """During a minRTT probe the limit is held low on purpose: the queue it builds is not
+    overload, so nothing is shed for waiting."""
+    admission = Admission(AdmissionSettings(tier_concurrency=64, tier_queue=100,
+                                            max_wait_factor=1.0))
+    held = [await admission.acquire("zone", deadline=later(60)) for _ in range(3)]  # min_limit
+    tracker = admission.adaptive("zone")
+    assert tracker is not None and tracker.probing
+    admission.observe(0.1, tier="zone")
+    waiters = [asyncio.create_task(admission.acquire("zone", deadline=later(60)))
+               for _ in range(20)]
+    await asyncio.sleep(0)
+    assert admission.queue_depth("zone") == 20 and not any(w.done() for w in waiters)
+    for slot in held:
+        slot.release()
+    for task in waiters:
+        (await task).release()

@@ -2,11 +2,16 @@
 of a real ``python -m backend serve`` process. What is asserted is order and counts (who was
 answered while how many of the others were still outstanding), never timings.
 
-- A tenant flooding the backend does not delay a quiet tenant's request behind its whole flood:
-  the backend serves fairness keys (the gateway sends a hash of each tenant) in turn.
+- With the shipped settings the gateway's in-flight limit follows what the backend can use
+  (the adaptive limit), so a flood waits in the gateway's fair queue: a quiet tenant's request
+  is answered before the flood's backlog there.
+- Where the backlog forms inside the backend anyway (a gateway with a fixed limit of 64, as when
+  several gateways share one backend), a tenant flooding the backend does not delay a quiet
+  tenant's request behind its whole flood: the backend serves fairness keys (the gateway sends a
+  hash of each tenant) in turn.
 - Batch-class work (a tenant of class ``batch``: the backend priority Batch API lines get too)
-  never gets ahead of interactive calls: interactive ones are answered while the batch backlog
-  still waits.
+  never gets ahead of interactive calls there: interactive ones are answered while the batch
+  backlog still waits.
 """
 
 from __future__ import annotations
@@ -59,12 +64,51 @@ async def until_backlog(backend: BackendProc, priority: str, at_least: float) ->
     raise AssertionError(f"no backlog of {at_least} at priority {priority}")
 
 
-async def test_a_flooding_tenant_does_not_delay_a_quiet_one_behind_its_whole_flood(
+async def until_gateway_backlog(client: Any, at_least: float) -> None:
+    give_up = asyncio.get_running_loop().time() + 60  # a bound, not an assertion on time
+    while asyncio.get_running_loop().time() < give_up:
+        resp = await client.get("/metrics")
+        if metric_value(await resp.text(), "gateway_queue_depth") >= at_least:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no gateway backlog of {at_least}")
+
+
+FIXED_LIMIT = {"admission.adaptive.enabled": False}
+"""The gateway lets 64 calls through (``tier_concurrency``): the backlog forms in the backend."""
+
+
+async def test_shipped_limit_keeps_a_flood_in_the_gateway_queue_where_a_quiet_tenant_passes_it(
     gateway: GatewayFactory, backend: BackendProc,
 ) -> None:
     tenants = Tenants.from_mapping({"flood": [key_digest(FLOOD_KEY)],
                                     "quiet": [key_digest(QUIET_KEY)]})
     client = await gateway(tenants=tenants)
+    done: list[str] = []
+
+    async def send(who: str, key: str) -> None:
+        status = await ask(client, key, long_text())
+        assert status == 200 or (who == "flood" and status == 503), (who, status)
+        if status == 200:
+            done.append(who)
+
+    flood = [asyncio.create_task(send("flood", FLOOD_KEY)) for _ in range(FLOOD)]
+    await until_gateway_backlog(client, FLOOD // 2)
+    assert await asyncio.to_thread(pending, backend, "1") < FLOOD // 2  # not in the backend
+    await send("quiet", QUIET_KEY)
+    flood_before_quiet = done.index("quiet")
+    await asyncio.gather(*flood)
+    # FIFO would answer the quiet request after every flood request queued before it (at
+    # least FLOOD / 2); the gateway's fair queue grants it the next slot.
+    assert flood_before_quiet <= FLOOD // 2 - 4, done
+
+
+async def test_a_flooding_tenant_does_not_delay_a_quiet_one_behind_its_whole_flood(
+    gateway: GatewayFactory, backend: BackendProc,
+) -> None:
+    tenants = Tenants.from_mapping({"flood": [key_digest(FLOOD_KEY)],
+                                    "quiet": [key_digest(QUIET_KEY)]})
+    client = await gateway(tenants=tenants, **FIXED_LIMIT)
     done: list[str] = []
 
     async def send(who: str, key: str) -> None:
@@ -92,7 +136,7 @@ async def test_batch_class_work_never_gets_ahead_of_interactive_calls(
         "tenants:\n"
         f"  quiet: {{api_keys_sha256: [{key_digest(QUIET_KEY)}]}}\n"
         f"  bulk: {{api_keys_sha256: [{key_digest(BULK_KEY)}], priority: batch}}\n")
-    client = await gateway(tenants=Tenants.load(path))
+    client = await gateway(tenants=Tenants.load(path), **FIXED_LIMIT)
     done: list[str] = []
 
     async def send(who: str, key: str) -> None:

@@ -23,9 +23,12 @@ from gateway.routing import BackendSpec, Router, RoutingSettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import MetricsObserver
 from gateway.upstream import ConnectFailed, MemoryTransport, Reply, Request, Reset, Upstream
+from gateway.upstream.admission.adaptive import AdaptiveSettings
 from gateway.upstream.admission.control import Admission
 from gateway.upstream.admission.settings import AdmissionSettings
 from gateway.upstream.retry import RetryBudget, RetryPolicy
+
+FIXED = AdaptiveSettings(enabled=False)  # a fixed limit: the adaptive one is on by default
 
 Behaviour = Callable[[Request], Awaitable[Reply]]
 
@@ -109,7 +112,7 @@ def rig(backends: dict[str, tuple[str, Behaviour]], **settings: Any) -> Rig:
     router = Router(specs, routing, clock=clock, rng=random.Random(3), observer=observer)
     hosts = Hosts({host: behaviour for host, (_, behaviour) in backends.items()})
     upstream = Upstream(MemoryTransport(hosts), router,
-                        Admission(AdmissionSettings(), observer=observer), routing,
+                        Admission(AdmissionSettings(adaptive=FIXED), observer=observer), routing,
                         observer=observer, clock=clock)
     return Rig(upstream, router, hosts, registry, clock)
 

@@ -26,10 +26,13 @@ from gateway.routing import BackendSpec, Router, RoutingSettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import MetricsObserver
 from gateway.upstream import AiohttpTransport, InferResult, Upstream
+from gateway.upstream.admission.adaptive import AdaptiveSettings
 from gateway.upstream.admission.control import Admission
 from gateway.upstream.admission.settings import AdmissionSettings
 from tests.conftest import free_port
 from tests.gateway.routing.oip_fake import FakeBackend
+
+FIXED = AdaptiveSettings(enabled=False)  # a fixed limit: the adaptive one is on by default
 
 
 @dataclass
@@ -64,8 +67,10 @@ async def build() -> AsyncIterator[Build]:
         values: dict[str, Any] = {"region": "r1", "zone": "a", "connect_timeout_s": 0.5}
         values.update({k: v for k, v in overrides.items() if k not in admission_fields})
         settings = RoutingSettings(**values)
-        admission_settings = AdmissionSettings(
-            **{k: v for k, v in overrides.items() if k in admission_fields})
+        # A fixed limit (tier_concurrency) unless a test passes ``adaptive``: these tests are
+        # about routing and the queue, not about the limit moving.
+        admission_settings = AdmissionSettings(**{"adaptive": FIXED, **{
+            k: v for k, v in overrides.items() if k in admission_fields}})
         registry = CollectorRegistry()
         metrics = GatewayMetrics(registry)
         specs = [BackendSpec(url=b.url, zone=z, region="r1") for b, z in backends]
