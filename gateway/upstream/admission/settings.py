@@ -22,7 +22,7 @@ class AdmissionSettings:
     ceiling the adaptive limit moves under."""
     tier_queue: int = 256
     """Requests that may wait per tier; more are shed at once (503 with Retry-After)."""
-    max_wait_factor: float = 2.0
+    max_wait_factor: float = 4.0
     """An interactive request whose expected wait in the queue exceeds this many times the
     tier's recent service time is shed at once (503 with Retry-After, ``reason="wait"``):
     under overload the surplus is told at once, and what is admitted waits about as long as at
