@@ -21,6 +21,7 @@ from gateway.http.middleware import TENANT, request_id_of
 from gateway.pipeline import Call
 from gateway.pipeline.accounting import hot_usage, usage_of
 from gateway.pipeline.context import CacheDirectives, RequestContext
+from gateway.pipeline.hot_answers import HotAnswer
 from gateway.policy.headers import RequestHeaders
 from gateway.tenants.quota.limiter import QuotaState
 
@@ -79,15 +80,19 @@ async def serve(request: web.Request, route: str,
     tenant = identify(request)  # tenants/ (401), before any work proportional to the body
     outcome = "error"
     try:
-        quota = await admit(request, tenant)  # tenants/quota/: the request rate (429)
+        quota = app[state.QUOTAS].state(tenant)  # tenants/quota/: the request rate (429)
+        if quota is not None:
+            await admit(request, quota)
         check_json_type(request)  # http/body.py (415)
         body = await read_body(request, app[state.SETTINGS].max_body_bytes)  # (413, 400)
         headers = RequestHeaders.of(request.headers)  # policy/headers.py: the one reading
         hot_key = hot_key_of(request, tenant, headers, body)  # pipeline/hot_answers.py
-        hot = await hot_answer(request, hot_key, tenant, quota, started) if hot_key else None
+        hot = app[state.HOT].get(hot_key) if hot_key is not None else None
         if hot is not None:
+            if quota is not None:  # every text a hit
+                await quota.charge(0, len(hot[0].entries))
             outcome = "ok"
-            return hot
+            return hot_response(request, hot, tenant, started)
         ctx = make_context(request, route, tenant=tenant, started=started, headers=headers)
         if quota is not None:
             ctx.charge = quota.charge
@@ -118,14 +123,11 @@ async def serve(request: web.Request, route: str,
         app[state.OBSERVER].tenant_request(tenant, outcome)
 
 
-async def admit(request: web.Request, tenant: str) -> QuotaState | None:
-    """The tenant's request-rate limit (429), when it has limits; its state is kept for the
-    RateLimit headers and for the text charge after the lookup."""
-    quota = request.app[state.QUOTAS].state(tenant)
-    if quota is not None:
-        request[QUOTA] = quota
-        await quota.admit()
-    return quota
+async def admit(request: web.Request, quota: QuotaState) -> None:
+    """The tenant's request-rate limit (429); its state is kept for the RateLimit headers and
+    for the text charge after the lookup."""
+    request[QUOTA] = quota
+    await quota.admit()
 
 
 def hot_key_of(request: web.Request, tenant: str, headers: RequestHeaders,
@@ -137,19 +139,13 @@ def hot_key_of(request: web.Request, tenant: str, headers: RequestHeaders,
     return request.app[state.HOT].key(request.path, tenant, headers, body)
 
 
-async def hot_answer(request: web.Request, key: bytes, tenant: str, quota: QuotaState | None,
-                     started: float) -> web.Response | None:
-    """A repeat answered from its rendered body while the policy version, the header reading
-    and every entry (fresh under the current TTL) still hold; None: take the full path."""
+def hot_response(request: web.Request, found: tuple[HotAnswer, float, int], tenant: str,
+                 started: float) -> web.Response:
+    """A repeat answered from its rendered body: ``HotAnswers.get`` found it while the policy
+    version, the header reading and every entry (fresh under the current TTL) still hold."""
     app = request.app
-    hot = app[state.HOT]
-    found = hot.get(key)
-    if found is None:
-        return None
     answer, age, from_node = found
-    if quota is not None:
-        await quota.charge(0, len(answer.entries))
-    hot.observe(answer, tenant, from_node)
+    app[state.HOT].observe(answer, tenant, from_node)
     app[state.OBSERVER].tenant_usage(tenant, hot_usage(answer.entries))
     total = (time.perf_counter() - started) * 1000.0
     return web.Response(body=answer.body, content_type="application/json", headers={
