@@ -250,7 +250,8 @@ class MemoryCache:
 
     def _evict(self, candidates: list[CacheKey], now: float) -> None:
         """Evict until within both bounds. Candidates (keys just moved to probation, oldest
-        first) are weighed against probation's least recent key; with none (or without
+        first) are weighed against the least asked of probation's ``VICTIMS`` least recent
+        keys (an expired one among them goes first); with none (or without
         admission) the least recent entry goes, from probation, then protected, then the
         window."""
         probation = self._probation
@@ -273,16 +274,18 @@ class MemoryCache:
                 continue
             cand = candidates[c]
             estimate = sketch.estimate
-            least = estimate(hash(victim))
-            for k in islice(probation, 1, VICTIMS):
+            least = 1 << 30
+            for k, e in islice(probation.items(), VICTIMS):
                 if k == cand:  # the candidates are probation's most recent entries
+                    break
+                if e.expires_at <= now:  # an expired entry simply goes
+                    victim, least = k, -1
                     break
                 f = estimate(hash(k))
                 if f < least:
                     victim, least = k, f
             held, new = probation[victim], probation[cand]
-            if held.expires_at <= now or (new.expires_at > now
-                                          and estimate(hash(cand)) > least):
+            if least < 0 or (new.expires_at > now and estimate(hash(cand)) > least):
                 del probation[victim]
                 self._bytes -= entry_size(held)
                 self._count_out(held, now)
