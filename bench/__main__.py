@@ -9,7 +9,8 @@ by name: they are long and not part of ``all``.
 which ``openvino_env`` builds) in one run; ``--quick`` for a short run.
 
 ``hitratio`` replays key traces through the cache tiers against Belady's optimum (issue 27;
-``--quick`` for a short check), by name only.
+``--quick`` for a short check), by name only; ``hitrecord`` records a trace from a real gateway
+under a Zipf load for it to replay (``--trace``).
 
 ``resilience`` kills a near-zone model server under steady load, with and without the retry
 policy (issue 15).
@@ -26,7 +27,8 @@ from collections.abc import Sequence
 
 ORDER = ("policy", "cache", "backend", "latency", "gateway", "overload", "tenants",
          "resilience")
-BY_NAME = ("fuzz", "soak", "batch", "cpu", "providers", "openvino_env", "sched", "hitratio")
+BY_NAME = ("fuzz", "soak", "batch", "cpu", "providers", "openvino_env", "sched", "hitratio",
+           "hitrecord")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """Hit ratio against the optimum: each cache tier replayed on key traces (issue 27).
 
-Run: ``python -m bench hitratio [--quick] [--trace FILE] [--svg PATH]``. For every trace
-(``bench/hittraces.py``; ``--trace`` adds one written by the gateway's trace recorder) and
+Run: ``python -m bench hitratio [--quick] [--trace FILE [--only-trace]] [--svg PATH]``. For every
+trace (``bench/hittraces.py``; ``--trace`` adds one written by the gateway's trace recorder,
+``bench hitrecord`` records one from a real gateway; ``--only-trace``: those alone) and
 capacity (a fraction of the trace's distinct texts) it prints, by entries: Belady's MIN, the
 frequency oracle, LRU, the real L1 with admission off and on, the real node tier off and on
 (its capacity in entries is the most it held, its map sized for that); by bytes (answer sizes
@@ -34,6 +35,9 @@ QUICK_CAPS = (0.01, 0.05, 0.1)
 NODE_CAPS = (0.01, 0.05)
 UNIFORM = 1536  # node-tier runs by entries: every answer one float32 vector
 CALIBRATE_MAP = 4 * 1024 * 1024
+#: The node tier is replayed at this many entries or more: a smaller map (a recorded trace of a
+#: few thousand keys at 1%) fills up in the middle of a rotation (LMDB's MapFullError).
+NODE_MIN_ENTRIES = 200
 
 
 def node_entries_per_byte() -> float:
@@ -70,7 +74,7 @@ def run_trace(trace: hittraces.Trace, caps: Sequence[float], node_caps: Sequence
                 row[tag + " others"] = hits[trace.tenants != 0].mean()
         if trace.name.startswith("tenants"):
             row["oracle others"] = hitoptimal.oracle(trace.keys, c)[trace.tenants != 0].mean()
-        if frac in node_caps:
+        if frac in node_caps and c >= NODE_MIN_ENTRIES:
             for adm, tag in ((False, "node"), (True, "node+tlfu")):
                 hits, _ = hitreplay.replay_node(keys, uniform, max_bytes=int(c / per_byte),
                                                 admission=adm)
@@ -100,7 +104,7 @@ def targets(rows: list[dict[str, float | str]]) -> None:
           "| L1+tlfu >= 0.9 | node+tlfu >= 0.9 |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | :---: | :---: |")
     for r in rows:
-        if r["cap"] not in (0.01, 0.05) or not str(r["trace"]).startswith("zipf"):
+        if r["cap"] not in (0.01, 0.05) or not str(r["trace"]).startswith(("zipf", "recorded")):
             continue
         o = float(r["oracle"])
         ratios = [float(r[c]) / o if c in r else float("nan")
@@ -145,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a file of the gateway's trace recorder (repeatable)")
     parser.add_argument("--svg", default="bench/hitratio.svg", help="where the plot goes")
     parser.add_argument("--no-node", action="store_true", help="skip the node tier (LMDB)")
+    parser.add_argument("--only-trace", action="store_true",
+                        help="replay only the --trace files, not the synthetic traces")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="traces replayed at once, one process each (default: CPUs)")
     args = parser.parse_args(argv)
@@ -152,9 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     caps = QUICK_CAPS if args.quick else FULL_CAPS
     node_caps = () if args.no_node else ((0.05,) if args.quick else NODE_CAPS)
     per_byte = node_entries_per_byte() if node_caps else 1.0
-    traces = hittraces.synthetic(args.quick)
-    traces += [hittraces.tenants_trace(scan=False, n=len(traces[0].keys)),
-               hittraces.tenants_trace(scan=True, n=len(traces[0].keys))]
+    if args.only_trace and not args.trace:
+        parser.error("--only-trace needs at least one --trace FILE")
+    traces = [] if args.only_trace else hittraces.synthetic(args.quick)
+    if traces:
+        traces += [hittraces.tenants_trace(scan=False, n=len(traces[0].keys)),
+                   hittraces.tenants_trace(scan=True, n=len(traces[0].keys))]
     traces += [hittraces.recorded(path) for path in args.trace]
     print("| trace | cap | " + " | ".join(COLUMNS) + " |")
     print("| --- | ---: | " + " | ".join("---:" for _ in COLUMNS) + " |")

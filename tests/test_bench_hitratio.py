@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from bench import hitoptimal, hitreplay, hittraces
+from bench import hitoptimal, hitratio, hitrecord, hitreplay, hittraces
 from bench.__main__ import main as bench_main
+from gateway.cache.entry import Entry
+from gateway.cache.tracefile import STORE, TraceRecorder
 
 
 def test_belady_lru_and_oracle_on_a_trace_worked_by_hand() -> None:
@@ -64,3 +68,34 @@ def test_hitratio_quick_runs(capsys: pytest.CaptureFixture[str], tmp_path: objec
     assert bench_main(["hitratio", "--quick", "--svg", f"{tmp_path}/h.svg"]) == 0
     out = capsys.readouterr().out
     assert "| zipf-0.8 | 5% |" in out and "L1+tlfu / oracle" in out
+
+
+def test_a_recorded_trace_file_replays_in_the_table(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A file as the gateway writes it: Zipf-like lookups of two tenants, each key stored once.
+    path = tmp_path / "trace.bin"
+    rec = TraceRecorder(str(path), max_bytes=1 << 20, max_seconds=60, clock=lambda: 1000.0)
+    ids = hitrecord.texts_for(600, 100, 0.8, 0.1)
+    assert sum(map(len, ids)) == 540 + 60 * hitrecord.LIST_TEXTS
+    assert len({k for req in ids for k in req if k >= 100}) > 30  # one-off texts, above 100
+    stored: set[int] = set()
+    for req in ids:
+        keys = [hitreplay.cache_keys(np.array([k]), np.array([k % 2], dtype=np.int8))[0]
+                for k in req]
+        rec.record(keys, [Entry(b"x" * 1536, 1000.0, 60.0) if k in stored else None
+                          for k in req])
+        fresh = [key for k, key in zip(req, keys, strict=True) if k not in stored]
+        rec.record(fresh, [Entry(b"x" * 1536, 1000.0, 60.0)] * len(fresh), kind=STORE)
+        stored.update(req)
+    rec.close()
+    trace = hittraces.recorded(str(path))
+    assert len(trace.keys) == sum(map(len, ids)) and set(trace.tenants.tolist()) == {0, 1}
+    assert trace.universe == len(stored) and (trace.sizes == 1536).all()
+    rows = hitratio.run_trace(trace, (0.05,), (), 1.0)
+    hitratio.targets(rows)
+    out = capsys.readouterr().out
+    assert f"| recorded:trace.bin | 5% | {float(rows[0]['l1']) / float(rows[0]['oracle']):.2f}" \
+        in out
+    # What the oracle holds is what an L1 of that many entries can reach at most, roughly.
+    assert 0 < float(rows[0]["lru"]) <= float(rows[0]["belady"])
+    assert float(rows[0]["l1+tlfu"]) <= float(rows[0]["belady"])

@@ -153,3 +153,86 @@ def test_recorder_stops_after_its_time_bound(tmp_path: Path) -> None:
     rec.record([key(2)], [None])
     rec.close()
     assert len(read_trace(str(path))) == 1 and not rec.active
+
+
+def _held(l1: MemoryCache, now: float) -> None:
+    assert len(l1) <= l1.max_entries and l1.bytes <= l1.max_bytes
+    assert l1.bytes == sum(len(e.value) + len(e.meta) + 240
+                           for seg in l1._segments() for e in seg.values())
+
+
+def test_w_tinylfu_window_lets_a_new_key_hit_again_and_frequent_keys_stay() -> None:
+    now = time.time()
+    l1 = MemoryCache(200, 1 << 30, clock=lambda: now, admission=True)  # window of 2
+    hot = [key(i) for i in range(198)]
+    for _ in range(4):
+        for k in hot:
+            if l1.get(k) is None:
+                l1.set(k, Entry(b"v", now, 60.0))
+    _held(l1, now)
+    protected = l1._segments()[2]
+    assert len(protected) > 150  # hit in probation: promoted
+    for i in range(1000):  # one-off keys, each asked twice in a row
+        k = key(10_000 + i)
+        assert l1.get(k) is None
+        assert l1.set(k, Entry(b"v", now, 60.0))  # always enters the window
+        assert l1.get(k) is not None  # and hits while it is there
+    _held(l1, now)
+    assert sum(l1.get(k) is not None for k in hot) >= 190  # the scan went through the window
+    assert l1.stats().rejections >= 900
+
+
+def test_w_tinylfu_a_candidate_asked_more_than_the_victims_enters_the_main_space() -> None:
+    now = time.time()
+    l1 = MemoryCache(100, 1 << 30, clock=lambda: now, admission=True)  # window of 1
+    for i in range(100):
+        l1.get(key(i))
+        l1.set(key(i), Entry(b"v", now, 60.0))
+    for _ in range(300):  # lookups are counted a batch (250 here) at a time
+        l1.get(key(500))
+    l1.set(key(500), Entry(b"v", now, 60.0))
+    l1.set(key(501), Entry(b"v", now, 60.0))  # pushes 500 out of the window: weighed, wins
+    assert l1.get(key(500)) is not None and key(500) in l1._segments()[2]  # then promoted
+    assert len(l1) == 100 and l1.stats().evictions >= 1
+
+
+def test_w_tinylfu_keeps_the_byte_bound_and_weighs_expired_entries_out_first() -> None:
+    now = [1000.0]
+    size = 1000 + 240
+    l1 = MemoryCache(10_000, 200 * size, clock=lambda: now[0], admission=True)
+    for i in range(300):
+        l1.get(key(i))
+        l1.set(key(i), Entry(b"x" * 1000, now[0], 10.0 if i % 2 else 600.0))
+        _held(l1, now[0])
+    big = Entry(b"x" * (30 * size), now[0], 600.0)  # more than the window's bytes: weighed now
+    l1.set(key(9999), big)
+    _held(l1, now[0])
+    now[0] += 20  # the odd keys expire: the next pressure drops them, not live ones
+    expired_before = l1.stats().expirations
+    for i in range(1000, 1100):
+        l1.get(key(i))
+        l1.set(key(i), Entry(b"x" * 1000, now[0], 600.0))
+        _held(l1, now[0])
+    assert l1.stats().expirations > expired_before
+
+
+async def test_w_tinylfu_purge_and_refresh_reach_every_segment() -> None:
+    now = time.time()
+    l1 = MemoryCache(200, 1 << 30, clock=lambda: now, admission=True)
+    for _ in range(2):
+        for i in range(150):  # the first 150 keys: hit in probation, promoted
+            if l1.get(key(i, scope=f"t{i % 2}")) is None:
+                l1.set(key(i, scope=f"t{i % 2}"), Entry(b"v", now, 60.0))
+    for i in range(150, 200):  # 50 more: probation and the window
+        l1.get(key(i, scope=f"t{i % 2}"))
+        l1.set(key(i, scope=f"t{i % 2}"), Entry(b"v", now, 60.0))
+    assert all(len(seg) for seg in l1._segments()) and len(l1) == 200
+    # A refresh keeps the key where it is and always passes.
+    protected_key = next(iter(l1._segments()[2]))
+    assert l1.set(protected_key, Entry(b"w" * 10, now, 60.0))
+    assert protected_key in l1._segments()[2]
+    _held(l1, now)
+    assert await l1.purge(scope="t0") == 100
+    assert len(l1) == 100 and all(k.scope == "t1" for seg in l1._segments() for k in seg)
+    _held(l1, now)
+    assert await l1.purge() == 100 and len(l1) == 0 and l1.bytes == 0
