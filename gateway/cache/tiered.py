@@ -109,7 +109,7 @@ class TieredCache:
         observe("l2", "stale", stale)
         observe("l2", "miss", len(ask) - hit - stale)
         if promote and self.node is not None:
-            self._background(self._store_node(self.node, promote))
+            self.node.store_nowait(promote)
         return out
 
     def _from_node(self, node: NodeCache, keys: Sequence[CacheKey], ask: list[int],
@@ -167,7 +167,7 @@ class TieredCache:
         items = list(items)
         if background and len(self._pending) < MAX_PENDING_WRITES:
             if self.node is not None:
-                self._background(self._store_node(self.node, items))
+                self.node.store_nowait(items)  # no task: the node tier queues it
             if self.l2 is not None:
                 self._background(self._store_l2(self.l2, items))
             return
