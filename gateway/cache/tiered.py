@@ -7,7 +7,8 @@ event-loop tick: ``coalesce.py``). Node hits are promoted into L1, L2 hits into 
 and L1; a copy from a lower tier replaces a stale one only when it is newer. Stores write L1 at
 once and the node tier and L2 either awaited or in the background (L2: tracked tasks; the node
 tier: queued to its writer thread with no task or future per store, ``NodeCache.store_nowait``),
-which ``flush()`` and ``close()`` wait for. Either lower tier may be absent (no Redis is the embedded default).
+which ``flush()`` and ``close()`` wait for. Either lower tier may be absent (no Redis is the
+embedded default).
 
 Per-item lookups are counted in ``gateway_cache_lookups_total{tier, result}``: tier ``l1``,
 ``node`` or ``l2``; result ``hit`` (fresh), ``stale`` (past its TTL but still servable),
