@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,7 @@ from gateway.cache.nodestore import (
     pack,
     unpack_deadline,
 )
-from gateway.cache.nodewriter import Background, NodeWriter, WriterThread, _Job
+from gateway.cache.nodewriter import Background, NodeWriter, _Job
 from gateway.cache.settings import NodeCacheSettings
 from gateway.telemetry.observer import NullObserver, Observer
 
@@ -113,7 +114,7 @@ class NodeCache(NodeWriter):
         except BaseException:
             self._store.close()
             raise
-        self._writer = WriterThread(self, "node-cache-writer")
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-cache-writer")
         self._lock = threading.Lock()  # guards the queue between the loop and the writer
         self._queue: list[_Job] = []
         self._queued_items = 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import lmdb
@@ -37,59 +37,12 @@ _Job = tuple[str, Any, "Future[Any] | None"]
 Background = tuple[int, "WriteResult | None", int, "BaseException | None"]
 
 
-class WriterThread:
-    """One thread running ``drain`` each time it is woken: a bare lock as the signal, so waking
-    it costs one ``release`` (no executor future or work item per wake-up).
-
-    ``wake`` is called only by the side that set the owner's ``_draining`` (so never twice before
-    the thread takes it); ``shutdown`` runs what is queued, then stops and joins the thread.
-    """
-
-    def __init__(self, owner: NodeWriter, name: str) -> None:
-        self._owner = owner
-        self._name = name
-        self._signal = threading.Lock()
-        self._signal.acquire()  # held: the thread waits until woken
-        self._thread: threading.Thread | None = None
-        self._stop = False
-
-    def wake(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._thread.start()
-        self._signal.release()
-
-    def _run(self) -> None:
-        while True:
-            self._signal.acquire()
-            try:
-                self._owner._drain()
-            except BaseException:  # never leave the queue without its thread
-                log.exception("node cache writer failed")
-                with self._owner._lock:
-                    self._owner._draining = False
-            if self._stop:
-                return
-
-    def shutdown(self) -> None:
-        """Run what is queued, stop the thread and wait for it."""
-        self._stop = True
-        if self._thread is None:
-            return
-        with self._owner._lock:
-            start = not self._owner._draining
-            self._owner._draining = True
-        if start:
-            self._signal.release()
-        self._thread.join()
-
-
 class NodeWriter:
     """The write queue and the writer thread; ``NodeCache`` sets the parts in its ``__init__``."""
 
     _store: GenerationStore
     _admit: NodeAdmission | None
-    _writer: WriterThread
+    _writer: ThreadPoolExecutor
     _lock: threading.Lock
     _queue: list[_Job]
     _queued_items: int
@@ -118,7 +71,7 @@ class NodeWriter:
             start = not self._draining
             self._draining = True
         if start:
-            self._writer.wake()
+            self._writer.submit(self._drain)
 
     def _drain(self) -> None:
         """Writer thread: run everything queued, consecutive writes merged into one
