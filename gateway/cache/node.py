@@ -47,7 +47,7 @@ from gateway.cache.nodestore import (
     pack,
     unpack_deadline,
 )
-from gateway.cache.nodewriter import NodeWriter, _Job
+from gateway.cache.nodewriter import Background, NodeWriter, _Job
 from gateway.cache.settings import NodeCacheSettings
 from gateway.telemetry.observer import NullObserver, Observer
 
@@ -120,6 +120,9 @@ class NodeCache(NodeWriter):
         self._queued_items = 0
         self._draining = False
         self._pending: set[asyncio.Future[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # where unawaited writes report
+        self._unreported = 0  # unawaited writes queued whose report has not reached the loop
+        self._idle: list[asyncio.Future[None]] = []  # flush() callers waiting for those
         self._last_reader_check = time.monotonic()
         self._closed = False
         self._observer.cache_bytes("node", self._store.used_bytes()[0])  # warm from a restart
@@ -198,6 +201,20 @@ class NodeCache(NodeWriter):
     async def set_many(self, items: Sequence[tuple[CacheKey, Entry]]) -> None:
         await self.store(items)
 
+    def store_nowait(self, items: Sequence[tuple[CacheKey, Entry]]) -> None:
+        """Like ``store``, queued and not awaited (``flush()`` waits for it): no task and no
+        future per call; the writer thread reports the counts once per transaction."""
+        now = self.clock()
+        cap = now + self.settings.ttl_s
+        puts: list[tuple[KeyBytes, bytes]] = []
+        raws = self._encode([key for key, _ in items])
+        for (_key, entry), raw in zip(items, raws, strict=True):
+            deadline = min(entry.expires_at, cap)
+            if raw is not None and deadline > now:
+                puts.append((raw, pack(deadline, entry.encode())))
+        if puts:
+            self._submit("write", (puts, []), len(puts))
+
     async def delete_many(self, keys: Sequence[CacheKey]) -> int:
         raws = [raw for raw in self._encode(keys) if raw is not None]
         if not raws:
@@ -219,8 +236,13 @@ class NodeCache(NodeWriter):
 
     async def flush(self) -> None:
         """Wait for every write queued so far."""
-        while self._pending:
-            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        while self._pending or self._unreported:
+            if self._pending:
+                await asyncio.gather(*list(self._pending), return_exceptions=True)
+            if self._unreported:
+                idle: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._idle.append(idle)
+                await idle
 
     async def close(self) -> None:
         """Wait for queued writes, stop the writer thread and release the directory."""
@@ -234,10 +256,48 @@ class NodeCache(NodeWriter):
         self._store.close()
 
     def _submit(self, op: str, args: Any, items: int) -> None:
-        """Queue a write nobody awaits (tracked for ``flush``)."""
-        task = asyncio.ensure_future(self._run(op, args, items))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        """Queue a write nobody awaits (counted in ``_unreported`` for ``flush``)."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        try:
+            self._put(op, args, items, None)
+        except RuntimeError:  # closed, or the queue is full
+            self._observer.cache_errors("node", items)
+            return
+        self._unreported += 1
+
+    def _wrote(self, report: Background) -> None:
+        """Writer thread: the outcome of unawaited writes goes to the loop (one wake-up)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._done_background, report)
+
+    def _done_background(self, report: Background) -> None:
+        """On the loop: count what unawaited writes did, as ``_run`` counts an awaited one."""
+        writes, done, failed, exc = report
+        self._unreported -= writes
+        if exc is not None:
+            if isinstance(exc, lmdb.Error):
+                log.warning("node cache write failed: %s", type(exc).__name__)
+            else:  # not the store's trouble: more likely a bug, so make it visible
+                log.error("node cache write raised unexpected %s", type(exc).__name__,
+                          exc_info=exc)
+            self._observer.cache_errors("node", failed)
+        if done is not None:
+            self._report(done)
+        if self._unreported <= 0:
+            self._unreported = 0
+            idle, self._idle = self._idle, []
+            for waiter in idle:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _report(self, done: WriteResult) -> None:
+        self._observer.cache_stored("node", done.stored)
+        self._observer.cache_evictions("node", done.evicted)
+        if done.rejected:
+            self._observer.cache_evictions("node", done.rejected, "rejected")
+        self._observer.cache_bytes("node", done.bytes)
 
     async def _run(self, op: str, args: Any, items: int) -> tuple[WriteResult, int] | None:
         """Queue a write, wait for it and report it; ``None`` if it was dropped or failed
@@ -260,10 +320,5 @@ class NodeCache(NodeWriter):
             return None
         finally:
             self._pending.discard(waiter)
-        done = result[0]
-        self._observer.cache_stored("node", done.stored)
-        self._observer.cache_evictions("node", done.evicted)
-        if done.rejected:
-            self._observer.cache_evictions("node", done.rejected, "rejected")
-        self._observer.cache_bytes("node", done.bytes)
+        self._report(result[0])
         return result

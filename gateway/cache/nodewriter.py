@@ -28,7 +28,13 @@ READER_CHECK_S = 30.0
 #: Entries queued for the writer thread at most; stores beyond it are dropped (a cache write).
 MAX_QUEUED = 65_536
 
-_Job = tuple[str, Any, "Future[Any]"]
+#: (op, args, future); a write nobody awaits has no future: its result goes to ``_done_background``
+#: on the loop, once per transaction for all of them (``_wrote``), not one future per write.
+_Job = tuple[str, Any, "Future[Any] | None"]
+#: What the writer thread hands the loop for the writes nobody awaited in one transaction: how
+#: many writes, their WriteResult (None when the transaction failed), the entries that failed,
+#: and the exception (or None).
+Background = tuple[int, "WriteResult | None", int, "BaseException | None"]
 
 
 class NodeWriter:
@@ -44,10 +50,19 @@ class NodeWriter:
     _last_reader_check: float
     _closed: bool
 
+    def _wrote(self, report: Background) -> None:
+        """Writer thread: hand the loop the outcome of unawaited writes (``NodeCache`` sets it)."""
+        raise NotImplementedError
+
     def _enqueue(self, op: str, args: Any, items: int) -> Future[Any]:
+        fut: Future[Any] = Future()
+        self._put(op, args, items, fut)
+        return fut
+
+    def _put(self, op: str, args: Any, items: int, fut: Future[Any] | None) -> None:
+        """Queue a job; the writer thread is started when it is not draining already."""
         if self._closed:
             raise RuntimeError("node cache is closed")
-        fut: Future[Any] = Future()
         with self._lock:
             if op == "write" and self._queued_items + items > MAX_QUEUED:
                 raise RuntimeError("node cache write queue is full")
@@ -57,7 +72,6 @@ class NodeWriter:
             self._draining = True
         if start:
             self._writer.submit(self._drain)
-        return fut
 
     def _drain(self) -> None:
         """Writer thread: run everything queued, consecutive writes merged into one
@@ -82,6 +96,7 @@ class NodeWriter:
     def _alone(self, job: _Job) -> None:
         """A delete or a purge, in a transaction of its own."""
         op, args, fut = job
+        assert fut is not None  # only writes are queued without a future
         try:
             if op == "delete":
                 fut.set_result(self._write_retrying([], [], args))
@@ -95,17 +110,33 @@ class NodeWriter:
             return
         puts = [p for _, (ps, _), _ in batch for p in ps]
         promotes = [r for _, (_, rs), _ in batch for r in rs]
+        unawaited = [len(ps) + len(rs) for _, (ps, rs), fut in batch if fut is None]
         try:
             result, _ = self._write_retrying(puts, promotes, [])
         except BaseException as exc:
             for _, _, fut in batch:
-                fut.set_exception(exc)
+                if fut is not None:
+                    fut.set_exception(exc)
+            if unawaited:
+                self._wrote((len(unawaited), None, sum(unawaited), exc))
             return
-        # One transaction for the lot: each caller gets its own count, the first the evictions.
-        for i, (_, (ps, _), fut) in enumerate(batch):
-            fut.set_result((WriteResult(len(ps), result.evicted if i == 0 else 0,
-                                        result.rotations if i == 0 else 0, result.bytes,
-                                        result.rejected if i == 0 else 0), 0))
+        # One transaction for the lot: each caller gets its own count, the first the evictions;
+        # the unawaited writes get theirs in one report.
+        first = True
+        stored = 0
+        for _, (ps, _), fut in batch:
+            if fut is None:
+                stored += len(ps)
+                continue
+            fut.set_result((WriteResult(len(ps), result.evicted if first else 0,
+                                        result.rotations if first else 0, result.bytes,
+                                        result.rejected if first else 0), 0))
+            first = False
+        if unawaited:
+            self._wrote((len(unawaited),
+                         WriteResult(stored, result.evicted if first else 0,
+                                     result.rotations if first else 0, result.bytes,
+                                     result.rejected if first else 0), 0, None))
 
     def _write_retrying(self, puts: list[tuple[KeyBytes, bytes]], promotes: list[KeyBytes],
                         deletes: list[KeyBytes]) -> tuple[WriteResult, int]:

@@ -5,8 +5,10 @@ Lookups try L1 first (no I/O); what L1 lacks, or holds only stale, is read from 
 is still missing or stale goes to L2, in one MGET (shared with the other lookups of the same
 event-loop tick: ``coalesce.py``). Node hits are promoted into L1, L2 hits into the node tier
 and L1; a copy from a lower tier replaces a stale one only when it is newer. Stores write L1 at
-once and the node tier and L2 either awaited or in tracked background tasks that ``flush()`` and
-``close()`` wait for. Either lower tier may be absent (no Redis is the embedded default).
+once and the node tier and L2 either awaited or in the background (L2: tracked tasks; the node
+tier: queued to its writer thread with no task or future per store, ``NodeCache.store_nowait``),
+which ``flush()`` and ``close()`` wait for. Either lower tier may be absent (no Redis is the
+embedded default).
 
 Per-item lookups are counted in ``gateway_cache_lookups_total{tier, result}``: tier ``l1``,
 ``node`` or ``l2``; result ``hit`` (fresh), ``stale`` (past its TTL but still servable),
@@ -109,7 +111,7 @@ class TieredCache:
         observe("l2", "stale", stale)
         observe("l2", "miss", len(ask) - hit - stale)
         if promote and self.node is not None:
-            self._background(self._store_node(self.node, promote))
+            self.node.store_nowait(promote)
         return out
 
     def _from_node(self, node: NodeCache, keys: Sequence[CacheKey], ask: list[int],
@@ -167,7 +169,7 @@ class TieredCache:
         items = list(items)
         if background and len(self._pending) < MAX_PENDING_WRITES:
             if self.node is not None:
-                self._background(self._store_node(self.node, items))
+                self.node.store_nowait(items)  # no task: the node tier queues it
             if self.l2 is not None:
                 self._background(self._store_l2(self.l2, items))
             return
