@@ -166,6 +166,40 @@ async def test_a_new_model_version_misses_and_an_unknown_one_is_keyed_apart(
     assert statuses(await embed(rig, ["a"])) == ["HIT"], "the version is asked for this model"
 
 
+SHADOW_BY_REQUEST = """
+version: shadow-1
+rules:
+  - name: search-team-only
+    match:
+      routes: [/v1/embeddings]
+      models: [minilm]
+      tenants: [acme]
+      headers: {x-team: search}
+    ttl: 5m
+  - name: default
+"""
+
+
+async def test_the_shadow_policy_matches_its_rules_on_the_request_itself(tmp_path: Path) -> None:
+    """The shadow comparison an operator reads is only worth something if the shadow policy's
+    rules see the request's route, model, tenant and headers, as the active policy's do."""
+    active = write_policy(tmp_path)
+    shadow = tmp_path / "shadow.yaml"
+    shadow.write_text(SHADOW_BY_REQUEST)
+    rig = await build("embeddings", active)
+    rig.pipeline.policies = PolicyStore([active], shadow_paths=[shadow])
+    seen: list[Any] = []
+    rig.pipeline.policies.compare_shadow = (  # type: ignore[method-assign]
+        lambda a, s: seen.append(s) or ())
+    call = parse_embeddings({"model": "minilm", "input": ["hello"]}, lambda _name: "minilm")
+    for tenant, team, rule in [("acme", "search", "search-team-only"), ("acme", "ads", "default"),
+                               ("other", "search", "default")]:
+        ctx = RequestContext(request_id="t", route="/v1/embeddings", tenant=tenant,
+                             deadline=time.monotonic() + 5.0, headers={"x-team": team})
+        await rig.pipeline.run(ctx, call)
+        assert seen.pop().rule.name == rule, (tenant, team)
+
+
 async def test_the_shadow_policy_sees_the_same_request(tmp_path: Path) -> None:
     active = write_policy(tmp_path)
     shadow_dir = tmp_path / "shadow"
