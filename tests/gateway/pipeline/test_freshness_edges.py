@@ -8,6 +8,7 @@ freshness.py); entries are aged with the injected clock, never by sleeping.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from gateway.adapters.texts import parse_embeddings
 from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey
+from gateway.cache.tiered import TieredCache
 from gateway.errors import BadGateway, GatewayError
 from gateway.pipeline import Result
 from gateway.pipeline.call import Outcome
@@ -227,3 +229,33 @@ async def test_the_shadow_policy_sees_the_same_request(tmp_path: Path) -> None:
     # BYPASS: the active policy keeps the e-mail out of the cache (no_store); not a failure.
     assert again.outcomes[0].status == "BYPASS", "a shadow rejection never fails the request"
     assert seen == [(again.decision, None)]
+
+
+class _StuckL2:
+    """An L2 whose writes wait until released (a slow or unreachable Redis)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.stored: list[CacheKey] = []
+
+    async def lookup(self, keys: list[CacheKey]) -> tuple[list[Entry | None], bool]:
+        return [None] * len(keys), True
+
+    async def store(self, items: list[tuple[CacheKey, Entry]]) -> int:
+        await self.release.wait()
+        self.stored += [key for key, _ in items]
+        return len(items)
+
+
+async def test_a_slow_l2_write_never_delays_the_answer(tmp_path: Path) -> None:
+    """A miss is answered as soon as the backend answers and L1 holds it; the L2 write goes on
+    in the background and is finished by drain() (shutdown)."""
+    rig = await build("embeddings", write_policy(tmp_path))
+    l2 = _StuckL2()
+    rig.pipeline.cache = TieredCache(rig.l1, cast(Any, l2))
+    first = await asyncio.wait_for(embed(rig, ["slow l2"]), timeout=5.0)
+    assert statuses(first) == ["MISS"] and l2.stored == []
+    assert statuses(await embed(rig, ["slow l2"])) == ["HIT"], "L1 holds it at once"
+    l2.release.set()
+    await asyncio.wait_for(rig.pipeline.drain(), timeout=5.0)
+    assert len(l2.stored) == 1
