@@ -94,6 +94,8 @@ def test_too_many_items_is_a_422_naming_the_field() -> None:
         evaluate(p, texts=["a", "b", "c"], field="documents", **ARGS)
     assert info.value.field == "documents"
     assert info.value.status == 422
+    # The message says what to fix: the limit and how many were sent.
+    assert info.value.reason == "at most 2 items allowed, got 3"
 
 
 def test_max_chars_truncate_or_reject() -> None:
