@@ -19,6 +19,7 @@ from gateway.policy import (
     evaluate,
     evaluate_groups,
 )
+from gateway.policy.evaluate import decide
 
 ARGS: dict[str, Any] = {
     "route": "/v1/embeddings", "model": "minilm", "tenant": "acme", "headers": {},
@@ -227,3 +228,10 @@ def test_evaluate_groups_matches_rules_on_route_model_tenant_and_headers() -> No
                          ({"headers": {"x-team": "ads"}}, "header")]:
         d = evaluate_groups(p, **{**base, **change}, groups=groups)
         assert d.rule.name == rule, change
+
+
+def test_decide_names_the_input_field_unless_told_otherwise() -> None:
+    rule = Rule(name="r", normalization=Normalization(max_items=1))
+    with pytest.raises(ValidationFailed) as info:
+        decide(rule, "v", tenant="t", texts=["a", "b"])
+    assert (info.value.field, info.value.reason) == ("input", "at most 1 items allowed, got 2")
