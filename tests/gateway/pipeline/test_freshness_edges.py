@@ -8,6 +8,7 @@ freshness.py); entries are aged with the injected clock, never by sleeping.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from gateway.adapters.texts import parse_embeddings
 from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey
+from gateway.cache.tiered import TieredCache
 from gateway.errors import BadGateway, GatewayError
 from gateway.pipeline import Result
 from gateway.pipeline.call import Outcome
@@ -166,6 +168,40 @@ async def test_a_new_model_version_misses_and_an_unknown_one_is_keyed_apart(
     assert statuses(await embed(rig, ["a"])) == ["HIT"], "the version is asked for this model"
 
 
+SHADOW_BY_REQUEST = """
+version: shadow-1
+rules:
+  - name: search-team-only
+    match:
+      routes: [/v1/embeddings]
+      models: [minilm]
+      tenants: [acme]
+      headers: {x-team: search}
+    ttl: 5m
+  - name: default
+"""
+
+
+async def test_the_shadow_policy_matches_its_rules_on_the_request_itself(tmp_path: Path) -> None:
+    """The shadow comparison an operator reads is only worth something if the shadow policy's
+    rules see the request's route, model, tenant and headers, as the active policy's do."""
+    active = write_policy(tmp_path)
+    shadow = tmp_path / "shadow.yaml"
+    shadow.write_text(SHADOW_BY_REQUEST)
+    rig = await build("embeddings", active)
+    rig.pipeline.policies = PolicyStore([active], shadow_paths=[shadow])
+    seen: list[Any] = []
+    rig.pipeline.policies.compare_shadow = (  # type: ignore[method-assign]
+        lambda a, s: seen.append(s) or ())
+    call = parse_embeddings({"model": "minilm", "input": ["hello"]}, lambda _name: "minilm")
+    for tenant, team, rule in [("acme", "search", "search-team-only"), ("acme", "ads", "default"),
+                               ("other", "search", "default")]:
+        ctx = RequestContext(request_id="t", route="/v1/embeddings", tenant=tenant,
+                             deadline=time.monotonic() + 5.0, headers={"x-team": team})
+        await rig.pipeline.run(ctx, call)
+        assert seen.pop().rule.name == rule, (tenant, team)
+
+
 async def test_the_shadow_policy_sees_the_same_request(tmp_path: Path) -> None:
     active = write_policy(tmp_path)
     shadow_dir = tmp_path / "shadow"
@@ -193,3 +229,33 @@ async def test_the_shadow_policy_sees_the_same_request(tmp_path: Path) -> None:
     # BYPASS: the active policy keeps the e-mail out of the cache (no_store); not a failure.
     assert again.outcomes[0].status == "BYPASS", "a shadow rejection never fails the request"
     assert seen == [(again.decision, None)]
+
+
+class _StuckL2:
+    """An L2 whose writes wait until released (a slow or unreachable Redis)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.stored: list[CacheKey] = []
+
+    async def lookup(self, keys: list[CacheKey]) -> tuple[list[Entry | None], bool]:
+        return [None] * len(keys), True
+
+    async def store(self, items: list[tuple[CacheKey, Entry]]) -> int:
+        await self.release.wait()
+        self.stored += [key for key, _ in items]
+        return len(items)
+
+
+async def test_a_slow_l2_write_never_delays_the_answer(tmp_path: Path) -> None:
+    """A miss is answered as soon as the backend answers and L1 holds it; the L2 write goes on
+    in the background and is finished by drain() (shutdown)."""
+    rig = await build("embeddings", write_policy(tmp_path))
+    l2 = _StuckL2()
+    rig.pipeline.cache = TieredCache(rig.l1, cast(Any, l2))
+    first = await asyncio.wait_for(embed(rig, ["slow l2"]), timeout=5.0)
+    assert statuses(first) == ["MISS"] and l2.stored == []
+    assert statuses(await embed(rig, ["slow l2"])) == ["HIT"], "L1 holds it at once"
+    l2.release.set()
+    await asyncio.wait_for(rig.pipeline.drain(), timeout=5.0)
+    assert len(l2.stored) == 1

@@ -19,6 +19,7 @@ from gateway.policy import (
     evaluate,
     evaluate_groups,
 )
+from gateway.policy.evaluate import decide
 
 ARGS: dict[str, Any] = {
     "route": "/v1/embeddings", "model": "minilm", "tenant": "acme", "headers": {},
@@ -94,6 +95,8 @@ def test_too_many_items_is_a_422_naming_the_field() -> None:
         evaluate(p, texts=["a", "b", "c"], field="documents", **ARGS)
     assert info.value.field == "documents"
     assert info.value.status == 422
+    # The message says what to fix: the limit and how many were sent.
+    assert info.value.reason == "at most 2 items allowed, got 3"
 
 
 def test_max_chars_truncate_or_reject() -> None:
@@ -172,3 +175,63 @@ def test_evaluate_groups_concatenates_fields() -> None:
         evaluate_groups(p, route="/v1/rank", model="m", tenant="t", headers={},
                         groups=[("query", ["q"]), ("documents", ["a", "b", "c"])])
     assert info.value.field == "documents"
+
+
+# Each irregularity on its own: the ASCII fast path must notice every one of them (a text with
+# all of them at once would hide a missed one).
+@pytest.mark.parametrize(("raw", "want"), [
+    (" leading space", "leading space"),
+    ("trailing space ", "trailing space"),
+    ("two  spaces", "two spaces"),
+    ("a\ttab", "a tab"),
+    ("a\nnewline", "a newline"),
+    ("no\u00a0\u00a0break", "no break"),  # not ASCII: the full Unicode path
+])
+def test_each_whitespace_irregularity_is_collapsed_on_its_own(raw: str, want: str) -> None:
+    d = evaluate(default_policy(), texts=[raw], **ARGS)
+    assert d.items[0].text == want
+
+
+def test_casefold_of_non_ascii_text_with_detectors_is_full_casefolding() -> None:
+    p = one_rule(normalization=Normalization(casefold=True),
+                 privacy=Privacy(detectors={"email": "redact"}))
+    assert evaluate(p, texts=["STRASSE Straße"], **ARGS).items[0].text == "strasse strasse"
+
+
+def test_a_cache_off_rule_never_stores_even_a_redacted_item() -> None:
+    p = one_rule(cache=False, privacy=Privacy(detectors={"email": "redact"}))
+    item = evaluate(p, texts=[EMAIL], **ARGS).items[0]
+    assert item.text == "contact me at [EMAIL] please"
+    assert item.store is False
+
+
+def test_a_value_starting_exactly_at_the_cut_is_never_acted_on() -> None:
+    p = one_rule(normalization=Normalization(max_chars=5),
+                 privacy=Privacy(detectors={"email": "reject"}))
+    d = evaluate(p, texts=["abcd,jane.doe@example.com"], **ARGS)
+    assert (d.items[0].text, d.items[0].store, d.items[0].detectors) == ("abcd,", True, ())
+
+
+def test_evaluate_groups_matches_rules_on_route_model_tenant_and_headers() -> None:
+    p = Policy(version="v", rules=(
+        Rule(name="route", match=Match(routes=("/v1/classify",))),
+        Rule(name="model", match=Match(models=("other",))),
+        Rule(name="tenant", match=Match(tenants=("bank-*",))),
+        Rule(name="header", match=Match(headers={"x-team": "ads"})),
+        Rule(name="default"),
+    ))
+    groups = [("input", ["x"])]
+    base: dict[str, Any] = {"route": "/v1/embeddings", "model": "minilm", "tenant": "acme",
+                            "headers": {}}
+    for change, rule in [({}, "default"), ({"route": "/v1/classify"}, "route"),
+                         ({"model": "other"}, "model"), ({"tenant": "bank-1"}, "tenant"),
+                         ({"headers": {"x-team": "ads"}}, "header")]:
+        d = evaluate_groups(p, **{**base, **change}, groups=groups)
+        assert d.rule.name == rule, change
+
+
+def test_decide_names_the_input_field_unless_told_otherwise() -> None:
+    rule = Rule(name="r", normalization=Normalization(max_items=1))
+    with pytest.raises(ValidationFailed) as info:
+        decide(rule, "v", tenant="t", texts=["a", "b"])
+    assert (info.value.field, info.value.reason) == ("input", "at most 1 items allowed, got 2")

@@ -318,3 +318,20 @@ def test_scan_is_fast_enough_on_large_text_without_pii() -> None:
     words = ["order", "#" + str(rng.randrange(10**6)), "2024-03-14", "$19.99", "v4.2.1", "and"]
     text = " ".join(rng.choice(words) for _ in range(8000))
     assert scan(text, DETECTORS) == []
+
+
+# The cheapest values each detector accepts: the pre-checks that let ``detect`` skip a detector
+# (at least 8 digits for the number-like ones, 4 for an IPv4 address, an IBAN's digit groups)
+# must never skip one of these.
+@pytest.mark.parametrize(("detector", "text", "value"), [
+    ("phone", "call +41 234 567 now", "+41 234 567"),  # 8 digits, the fewest
+    ("ip", "host 1.2.3.4 here", "1.2.3.4"),  # 4 digits
+    ("iban", "pay DE89 3704 0044 0532 0130 00 ok", "DE89 3704 0044 0532 0130 00"),
+    ("iban", "pay DE89-3704-0044-0532-0130-00 ok", "DE89-3704-0044-0532-0130-00"),
+    ("iban", "pay DE89370400440532013000 ok", "DE89370400440532013000"),
+    # Qatar's account number is alphanumeric: a run of only 8 digits, ungrouped.
+    ("iban", "pay QA27DOHB12345678ABCDEFGHIJKLM ok", "QA27DOHB12345678ABCDEFGHIJKLM"),
+    ("ip", "mail from [2001:db8::1]", "2001:db8::1"),
+])
+def test_the_smallest_values_pass_the_pre_checks(detector: str, text: str, value: str) -> None:
+    assert found(text, detector) == [value]
