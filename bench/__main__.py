@@ -8,6 +8,9 @@ by name: they are long and not part of ``all``.
 ``providers`` times ONNX Runtime's CPU EP against the OpenVINO EP (in ``.venv-openvino``,
 which ``openvino_env`` builds) in one run; ``--quick`` for a short run.
 
+``hitrps`` compares hit throughput (wrk) of this checkout's gateway with other checkouts'
+(``--gateway-src``) and the floor, by name only.
+
 ``hitratio`` replays key traces through the cache tiers against Belady's optimum (issue 27;
 ``--quick`` for a short check), by name only; ``hitrecord`` records a trace from a real gateway
 under a Zipf load for it to replay (``--trace``).
@@ -28,7 +31,7 @@ from collections.abc import Sequence
 ORDER = ("policy", "cache", "backend", "latency", "gateway", "overload", "tenants",
          "resilience")
 BY_NAME = ("fuzz", "soak", "batch", "cpu", "providers", "openvino_env", "sched", "hitratio",
-           "hitrecord")
+           "hitrecord", "hitrps")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
