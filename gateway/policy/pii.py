@@ -39,7 +39,8 @@ class Finding:
 
 
 def scan(text: str, detectors: Collection[str]) -> list[Finding]:
-    """Every span of ``text`` that one of ``detectors`` recognises, ordered by position.
+    """Every span of ``text`` that one of ``detectors`` recognises, ordered by position (the
+    longer first where two start together).
 
     Spans of one detector never overlap each other; spans of different detectors may.
     """

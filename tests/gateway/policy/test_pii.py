@@ -172,6 +172,10 @@ def test_findings_are_ordered_and_one_detector_never_overlaps_itself() -> None:
     findings = scan(text, DETECTORS)
     assert [f.detector for f in findings] == ["phone", "email", "ip"]
     assert findings == sorted(findings, key=lambda f: f.start)
+    # Two detectors' findings that start together: the longer first (the span that covers).
+    assert scan("10.0.0.1@x.com", DETECTORS) == [Finding("email", 0, 14), Finding("ip", 0, 8)]
+    # One detector's overlapping forms of one value merge into one finding.
+    assert scan("a@b.coc@d.co", {"email"}) == [Finding("email", 0, 12)]
 
 
 def test_luhn() -> None:
