@@ -18,10 +18,12 @@ A request either gets a slot at once, waits in its tier's queue, or is shed at o
   never reaches a backend.
 
 The queue is not FIFO across tenants (gateway/upstream/admission/fairqueue.py): ``interactive``
-waiters go before
-``batch`` ones, and between the tenants of a class each gets slots in proportion to its weight
-(tenants file, ``weight``), so one tenant's flood cannot starve the others. A request's class is
-the lower of the caller's ``priority`` (batch jobs pass ``batch``) and its tenant's class.
+waiters go before ``batch`` ones, and batch-class calls hold at most the limit less a quarter
+of it (one slot at least is kept for interactive calls, which batch calls waiting in a backend
+behind interactive ones would otherwise hold); between the tenants of a class each gets slots
+in proportion to its weight (tenants file, ``weight``), so one tenant's flood cannot starve
+the others. A request's class is the lower of the caller's ``priority`` (batch jobs pass
+``batch``) and its tenant's class.
 
 Memory stays bounded: the queue never holds more than ``tier_queue`` waiters per tier. Each
 tier's service time is an EWMA of how long slots are held, fed by ``Slot.release``.
@@ -43,11 +45,17 @@ from collections.abc import Callable
 from gateway.errors import DeadlineExceeded, Overloaded
 from gateway.telemetry.observer import NullObserver, Observer
 from gateway.upstream.admission.adaptive import GradientLimit
-from gateway.upstream.admission.fairqueue import INTERACTIVE, Priority, lower
+from gateway.upstream.admission.fairqueue import BATCH, INTERACTIVE, Priority, lower
 from gateway.upstream.admission.settings import AdmissionSettings
 from gateway.upstream.admission.slots import PUBLIC, Slot, _TierQueue, _Waiter
 
 _ALPHA = 0.2  # weight of the newest service-time sample
+
+def _interactive_reserve(limit: int) -> int:
+    """Slots batch-class calls leave to interactive ones: a quarter of the limit, at least one
+    (none at a limit of 1, where batch would otherwise never run)."""
+    return max(1, limit // 4) if limit > 1 else 0
+
 
 Share = Callable[[str], tuple[float, Priority]]
 """A tenant's fair-share weight and priority class (gateway/tenants/store.py, from the tenants
@@ -138,9 +146,9 @@ class Admission:
     def _decide(self, tier: str, state: _TierQueue, deadline: float, tenant: str,
                 priority: Priority) -> tuple[Overloaded | None, _Waiter | None]:
         """(why to shed the newcomer, or None; the waiter to shed to make room for it)."""
-        if state.active < self._limit_of(state) and not state.waiters:
-            return None, None
         weight, cls = self._class(tenant, priority)
+        if self._now(state, cls):
+            return None, None
         queued = len(state.waiters)
         victim = None
         if queued >= self._queue_limit:
@@ -192,15 +200,16 @@ class Admission:
             if record_shed:
                 self._shed(refusal.reason)
             raise refusal
-        if state.active < self._limit_of(state) and not state.waiters:
-            return self._grant(tier, state, tenant, queued_s=0.0)
+        weight, cls = self._class(tenant, priority)
+        batch = cls == BATCH
+        if self._now(state, cls):
+            return self._grant(tier, state, tenant, queued_s=0.0, batch=batch)
         if victim is not None:
             state.waiters.remove(victim)
             victim.future.set_exception(Overloaded(
                 f"upstream queue for tier {tier!r} is full", reason="fair_share",
                 retry_after_s=self._drain_s(state, len(state.waiters) + 1)))
-        weight, cls = self._class(tenant, priority)
-        waiter = _Waiter(asyncio.get_running_loop().create_future(), tenant)
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), tenant, batch)
         state.waiters.push(waiter, tenant=tenant, priority=cls, weight=weight)
         self._gauges(tier, state)
         try:
@@ -210,7 +219,7 @@ class Admission:
             future = waiter.future
             if future.done() and not future.cancelled() and future.exception() is None:
                 # Granted in the same instant the deadline fired: pass the slot on.
-                self._release(tier, tenant)
+                self._release(tier, tenant, batch)
             elif not future.done() or future.cancelled():
                 future.cancel()
                 state.waiters.remove(waiter)  # False when already popped by _wake
@@ -226,21 +235,39 @@ class Admission:
         # _wake already counted this slot as held when it woke us.
         now = self.clock()
         return Slot(self, tier, now, queued_s=max(now - start, 1e-9), epoch=self._epoch(state),
+                    batch=batch,
                     tenant=tenant)
 
-    def _grant(self, tier: str, state: _TierQueue, tenant: str, *, queued_s: float) -> Slot:
-        state.hold(tenant)
+    def _now(self, state: _TierQueue, cls: Priority) -> bool:
+        """Whether a call of the class gets a slot at once: one is free to it and no waiter
+        that would be served first waits (batch waiters held at their share do not count
+        against an interactive call)."""
+        if cls == BATCH:
+            return not state.waiters and self._free(state, batch=True)
+        return not state.waiters.waiting(INTERACTIVE) and self._free(state, batch=False)
+
+    def _free(self, state: _TierQueue, batch: bool) -> bool:
+        """Whether a call of the class may take a slot now: under the limit and, for a
+        batch-class call, under the share left once slots are kept for interactive ones."""
+        limit = self._limit_of(state)
+        if state.active >= limit:
+            return False
+        return not batch or state.batch_active < limit - _interactive_reserve(limit)
+
+    def _grant(self, tier: str, state: _TierQueue, tenant: str, *, queued_s: float,
+               batch: bool = False) -> Slot:
+        state.hold(tenant, batch)
         self._gauges(tier, state)
         return Slot(self, tier, self.clock(), queued_s=queued_s, epoch=self._epoch(state),
-                    tenant=tenant)
+                    tenant=tenant, batch=batch)
 
     @staticmethod
     def _epoch(state: _TierQueue) -> int:
         return 0 if state.adaptive is None else state.adaptive.granted(state.active)
 
-    def _release(self, tier: str, tenant: str = PUBLIC) -> None:
+    def _release(self, tier: str, tenant: str = PUBLIC, batch: bool = False) -> None:
         state = self._tier(tier)
-        state.unhold(tenant)
+        state.unhold(tenant, batch)
         self._wake(state)
         self._gauges(tier, state)
 
@@ -248,10 +275,14 @@ class Admission:
         """Hands free slots to the next waiters in fair order (more than one when the limit
         rose)."""
         while state.waiters and state.active < self._limit_of(state):
-            waiter = state.waiters.pop(state.holders)
-            if waiter is not None and not waiter.future.done():
+            # Interactive waiters first (the queue's order); batch ones only within their share.
+            only = None if self._free(state, batch=True) else INTERACTIVE
+            waiter = state.waiters.pop(state.holders, only)
+            if waiter is None:
+                return
+            if not waiter.future.done():
                 waiter.future.set_result(None)
-                state.hold(waiter.tenant)
+                state.hold(waiter.tenant, waiter.batch)
 
     def observe(self, service_time_s: float, *, tier: str | None = None,
                 epoch: int | None = None) -> None:

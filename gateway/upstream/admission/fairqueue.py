@@ -78,6 +78,10 @@ class FairQueue(Generic[T]):
                 for _, item in flow.items:
                     yield item
 
+    def waiting(self, priority: Priority) -> bool:
+        """Whether any waiter of the class waits."""
+        return bool(self._classes[priority].flows)
+
     def queued(self, priority: Priority | None = None) -> dict[str, int]:
         """Waiters per tenant (of one class, or of all)."""
         out: dict[str, int] = {}
@@ -103,11 +107,14 @@ class FairQueue(Generic[T]):
         flow.last = tag
         self._len += 1
 
-    def pop(self, usage: Mapping[str, int] | None = None) -> T | None:
+    def pop(self, usage: Mapping[str, int] | None = None,
+            only: Priority | None = None) -> T | None:
         """The next waiter to serve, removed; None when empty. ``usage``: slots each tenant
-        holds (breaks ties)."""
+        holds (breaks ties); ``only``: serve that class alone (None: any, in order)."""
         held = usage or {}
-        for cls in self._classes.values():
+        for p, cls in self._classes.items():
+            if only is not None and p != only:
+                continue
             best: _Flow[T] | None = None
             best_tenant = ""
             best_key = (0.0, 0)

@@ -28,26 +28,29 @@ class _Owner(Protocol):
     def observe(self, service_time_s: float, *, tier: str | None = None,
                 epoch: int | None = None) -> None: ...
 
-    def _release(self, tier: str, tenant: str = PUBLIC) -> None: ...
+    def _release(self, tier: str, tenant: str = PUBLIC, batch: bool = False) -> None: ...
 
 
 class _TierQueue:
-    __slots__ = ("active", "adaptive", "ewma_s", "holders", "samples", "waiters")
+    __slots__ = ("active", "adaptive", "batch_active", "ewma_s", "holders", "samples", "waiters")
 
     def __init__(self, adaptive: GradientLimit | None) -> None:
         self.active = 0
+        self.batch_active = 0  # of ``active``: slots held by batch-class calls
         self.adaptive = adaptive
         self.waiters: FairQueue[_Waiter] = FairQueue()
         self.holders: dict[str, int] = {}  # tenant -> slots held now
         self.ewma_s = 0.0
         self.samples = 0
 
-    def hold(self, tenant: str) -> None:
+    def hold(self, tenant: str, batch: bool = False) -> None:
         self.active += 1
+        self.batch_active += batch
         self.holders[tenant] = self.holders.get(tenant, 0) + 1
 
-    def unhold(self, tenant: str) -> None:
+    def unhold(self, tenant: str, batch: bool = False) -> None:
         self.active -= 1
+        self.batch_active -= batch
         left = self.holders.get(tenant, 0) - 1
         if left > 0:
             self.holders[tenant] = left
@@ -56,11 +59,12 @@ class _TierQueue:
 
 
 class _Waiter:
-    __slots__ = ("future", "tenant")
+    __slots__ = ("batch", "future", "tenant")
 
-    def __init__(self, future: asyncio.Future[None], tenant: str) -> None:
+    def __init__(self, future: asyncio.Future[None], tenant: str, batch: bool = False) -> None:
         self.future = future
         self.tenant = tenant
+        self.batch = batch
 
 
 class Slot:
@@ -69,11 +73,13 @@ class Slot:
     Usable as ``async with await admission.acquire(...)``, or call ``release()``.
     """
 
-    __slots__ = ("_admission", "_epoch", "_granted_at", "_released", "queued_s", "tenant", "tier")
+    __slots__ = ("_admission", "_epoch", "_granted_at", "_released", "batch", "queued_s",
+                 "tenant", "tier")
 
     def __init__(self, admission: _Owner, tier: str, granted_at: float, queued_s: float,
-                 epoch: int = 0, tenant: str = PUBLIC):
+                 epoch: int = 0, tenant: str = PUBLIC, batch: bool = False):
         self._admission = admission
+        self.batch = batch
         self._epoch = epoch
         self._granted_at = granted_at
         self._released = False
@@ -96,7 +102,7 @@ class Slot:
             if observe:
                 self._admission.observe(self._admission.clock() - self._granted_at,
                                         tier=self.tier, epoch=self._epoch)
-            self._admission._release(self.tier, self.tenant)
+            self._admission._release(self.tier, self.tenant, self.batch)
 
     async def __aenter__(self) -> Slot:
         return self

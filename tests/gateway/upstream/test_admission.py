@@ -231,3 +231,33 @@ async def test_wait_bound_is_off_while_the_adaptive_limit_probes() -> None:
         slot.release()
     for task in waiters:
         (await task).release()
+
+
+async def test_batch_calls_leave_a_quarter_of_the_limit_to_interactive_ones() -> None:
+    """Batch-class calls hold at most the limit less a quarter (at least one slot): an
+    interactive call arriving while batch work fills the tier gets a slot at once."""
+    admission, _ = make(concurrency=4, queue=100)
+    batch = [await asyncio.wait_for(admission.acquire("zone", deadline=later(60),
+                                                      priority="batch"), 1) for _ in range(3)]
+    fourth = asyncio.create_task(admission.acquire("zone", deadline=later(60), priority="batch"))
+    await asyncio.sleep(0)
+    assert not fourth.done() and admission.inflight("zone") == 3  # the 4th slot is kept
+    interactive = await asyncio.wait_for(admission.acquire("zone", deadline=later(60)), 1)
+    assert admission.inflight("zone") == 4 and not interactive.waited
+    interactive.release()  # the freed slot is the interactive one: batch stays at its share
+    await asyncio.sleep(0)
+    assert not fourth.done()
+    batch[0].release()  # a batch slot freed: the waiting batch call takes it
+    slot = await asyncio.wait_for(fourth, 1)
+    assert slot.batch and slot.waited
+    for s in [*batch[1:], slot]:
+        s.release()
+    assert admission.inflight("zone") == 0
+
+
+async def test_a_limit_of_one_keeps_no_slot_from_batch_calls() -> None:
+    admission, _ = make(concurrency=1, queue=10)
+    slot = await asyncio.wait_for(admission.acquire("zone", deadline=later(60),
+                                                    priority="batch"), 1)
+    slot.release()
+    assert admission.inflight("zone") == 0
