@@ -185,14 +185,7 @@ class NodeCache(NodeWriter):
 
     async def store(self, items: Sequence[tuple[CacheKey, Entry]]) -> int:
         """Like ``set_many``; returns how many entries were written (0 when dropped)."""
-        now = self.clock()
-        cap = now + self.settings.ttl_s
-        puts: list[tuple[KeyBytes, bytes]] = []
-        raws = self._encode([key for key, _ in items])
-        for (_key, entry), raw in zip(items, raws, strict=True):
-            deadline = min(entry.expires_at, cap)
-            if raw is not None and deadline > now:
-                puts.append((raw, pack(deadline, entry.encode())))
+        puts = self._puts(items)
         if not puts:
             return 0
         result = await self._run("write", (puts, []), len(puts))
@@ -204,6 +197,13 @@ class NodeCache(NodeWriter):
     def store_nowait(self, items: Sequence[tuple[CacheKey, Entry]]) -> None:
         """Like ``store``, queued and not awaited (``flush()`` waits for it): no task and no
         future per call; the writer thread reports the counts once per transaction."""
+        puts = self._puts(items)
+        if puts:
+            self._submit("write", (puts, []), len(puts))
+
+    def _puts(self, items: Sequence[tuple[CacheKey, Entry]]) -> list[tuple[KeyBytes, bytes]]:
+        """The records to write: each entry under its encoded key, expiring at the earlier of
+        its own end and the tier's ``ttl_s``; entries already past it are left out."""
         now = self.clock()
         cap = now + self.settings.ttl_s
         puts: list[tuple[KeyBytes, bytes]] = []
@@ -212,8 +212,7 @@ class NodeCache(NodeWriter):
             deadline = min(entry.expires_at, cap)
             if raw is not None and deadline > now:
                 puts.append((raw, pack(deadline, entry.encode())))
-        if puts:
-            self._submit("write", (puts, []), len(puts))
+        return puts
 
     async def delete_many(self, keys: Sequence[CacheKey]) -> int:
         raws = [raw for raw in self._encode(keys) if raw is not None]
