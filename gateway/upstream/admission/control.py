@@ -141,12 +141,13 @@ class Admission:
         """Why ``acquire`` would shed now, or None if it would admit or queue (a full queue
         that would shed another tenant's waiter to make room counts as queueing). No side
         effects."""
-        return self._decide(tier, self._tier(tier), deadline, tenant, priority)[0]
+        weight, cls = self._class(tenant, priority)
+        return self._decide(tier, self._tier(tier), deadline, tenant, weight, cls)[0]
 
     def _decide(self, tier: str, state: _TierQueue, deadline: float, tenant: str,
-                priority: Priority) -> tuple[Overloaded | None, _Waiter | None]:
-        """(why to shed the newcomer, or None; the waiter to shed to make room for it)."""
-        weight, cls = self._class(tenant, priority)
+                weight: float, cls: Priority) -> tuple[Overloaded | None, _Waiter | None]:
+        """(why to shed the newcomer, or None; the waiter to shed to make room for it);
+        ``weight`` and ``cls``: its tenant's share and its class (``_class``)."""
         if self._now(state, cls):
             return None, None
         queued = len(state.waiters)
@@ -195,12 +196,12 @@ class Admission:
             self._shed("expired")
             raise DeadlineExceeded("deadline passed before the request reached a backend")
         state = self._tier(tier)
-        refusal, victim = self._decide(tier, state, deadline, tenant, priority)
+        weight, cls = self._class(tenant, priority)
+        refusal, victim = self._decide(tier, state, deadline, tenant, weight, cls)
         if refusal is not None:
             if record_shed:
                 self._shed(refusal.reason)
             raise refusal
-        weight, cls = self._class(tenant, priority)
         batch = cls == BATCH
         if self._now(state, cls):
             return self._grant(tier, state, tenant, queued_s=0.0, batch=batch)
