@@ -339,3 +339,24 @@ def test_scan_is_fast_enough_on_large_text_without_pii() -> None:
 ])
 def test_the_smallest_values_pass_the_pre_checks(detector: str, text: str, value: str) -> None:
     assert found(text, detector) == [value]
+
+
+def test_one_detectors_overlapping_spans_merge_around_another_detectors_span() -> None:
+    # Two credential forms see overlapping secrets (9-30 and 22-30) while an IPv6 address starts
+    # inside the first: the merge is per detector, so the secret is one finding, not two
+    # findings of one detector overlapping each other on either side of the IP.
+    text = "password=::1/password=hunter2:"
+    found = scan(text, DETECTORS)
+    assert found == [Finding("secret", 9, 30), Finding("ip", 9, 12)]
+    for name in {f.detector for f in found}:
+        mine = [f for f in found if f.detector == name]
+        assert all(a.end <= b.start for a, b in zip(mine, mine[1:], strict=False))
+
+
+def test_adjacent_spans_of_one_detector_stay_two_findings() -> None:
+    # A bearer token ends exactly where the next credential's value starts: two values, two
+    # labels (merging touching spans would hide that two secrets were there).
+    text = "Bearer WIiOiIxIn0.abc/pass=@89"
+    found = scan(text, DETECTORS)
+    assert found == [Finding("secret", 7, 27), Finding("secret", 27, 30)]
+    assert redact(text, found) == "Bearer [SECRET][SECRET]"
