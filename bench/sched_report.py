@@ -86,7 +86,7 @@ class BatchRun:
     completed: int  # completed while B ran
     failed: int  # failed while B ran
     seconds: float  # between the two reads of the batch's counts
-    status: str  # after the cancel
+    status: str  # after the cancel ("completed": it ran out of lines, the rate is a floor)
 
     @property
     def rate(self) -> float:

@@ -6,9 +6,12 @@ report's targets. The run itself is ``python -m bench sched`` (minutes, not a te
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -242,3 +245,59 @@ def test_an_empty_run_still_reports() -> None:
     text = report(Setup(split_cores(), 1, 2.0, 3.0, 64, 10_000), Calibration(), [], "now")
     assert "target" not in text and "C was not measured" in text
     assert math.isnan(BatchRun(1, 0, 0, 0, 0.0, "cancelled").rate)
+
+
+class _Tenants:
+    """A stand-in gateway on a thread of its own: 503 for A's key, 200 for B's."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        await request.read()
+        key = request.headers.get("Authorization", "")
+        tenant = next(t for t, k in sched.KEYS.items() if key == f"Bearer {k}")
+        self.seen[tenant] = self.seen.get(tenant, 0) + 1
+        await asyncio.sleep(0.002)
+        return web.json_response({}, status=503 if tenant == "a" else 200)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_post(sched.ROUTE, self.handle)
+        runner = web.AppRunner(app)
+        self.loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = runner.addresses[0][1]
+        self._ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(runner.cleanup())
+
+    def __enter__(self) -> _Tenants:
+        self._thread.start()
+        assert self._ready.wait(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(30)
+
+
+def test_the_noisy_phase_puts_as_answers_in_a_and_bs_in_b(tmp_path: Path) -> None:
+    plan = dataclasses.replace(sched.parse(["--duration", "1"]), flood_clients=4)
+    idle = SimpleNamespace(service=SimpleNamespace(cpu_seconds=lambda: 0.0))
+    with _Tenants() as fake:
+        gateway = SimpleNamespace(host="127.0.0.1", port=fake.port,
+                                  url=f"http://127.0.0.1:{fake.port}", service=idle.service)
+        runner = sched.Runner(plan, gateway, idle, idle, None, tmp_path)  # type: ignore[arg-type]
+        noisy = runner.flooded("noisy", 1, "t", rate=20.0)
+    b, a = noisy.of("b"), noisy.of("a")
+    assert len(b) == 20 and {s.status for s in b} == {200}  # B's open loop, all B's
+    assert a and {s.status for s in a} == {503}  # A's answers in B's window, all A's
+    assert fake.seen["a"] > len(a)  # A ran before and after B's window too
+    assert noisy.offered == 20.0
