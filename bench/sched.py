@@ -34,8 +34,9 @@ round:
    0.6 C for the phase; the batch's completed lines are read before and after B's phase, then
    the batch is cancelled (and the bench waits until it is; a batch that ran out of lines
    first shows "completed", and its rate is then a floor). B's p99 / alone, B's goodput, the
-   batch's completed lines/s over the spare (C - 0.6 C). Extra row: B at 0.6 C with ``bulk``
-   (class batch) as an open loop at 1.0 C, the earlier variant.
+   batch's completed lines/s over the spare (C - 0.6 C), and why the gateway's batch gate held
+   lines back meanwhile (``gateway_batch_deferred_total`` by reason). Extra row: B at 0.6 C
+   with ``bulk`` (class batch) as an open loop at 1.0 C, the earlier variant.
 4. Overload: A alone at 0.7 C, then at 3 C (open loop): goodput (2xx/s over C), admitted p99
    / p99 at 0.7 C.
 5. Deadlines: C_long (closed loop, long texts, 16 connections as the issue has it), then ``N``
@@ -55,6 +56,7 @@ import argparse
 import contextlib
 import hashlib
 import math
+import re
 import sys
 import tempfile
 import textwrap
@@ -286,15 +288,18 @@ class Runner:
         """A Batch API batch of ``lines`` (tenant bulk), B at ``rate`` beside it, then cancel."""
         batch_id = self._submit(tag)
         before = self._wait_running(batch_id, timeout_s=60.0)
+        deferred0 = _deferred(self.gateway)
         done0, failed0, t0 = (*self._counts(batch_id), time.monotonic())
         phase = self.opened(name, rnd, tag, rate, lambda i: "b", realtime=True)
         done1, failed1, t1 = (*self._counts(batch_id), time.monotonic())
+        deferred1 = _deferred(self.gateway)
         cancel = self.api.http.post(f"/batches/{batch_id}/cancel")
         if cancel.status_code != 409:  # 409: it ran out of lines first (finalizing, completed)
             cancel.raise_for_status()
         final = self.api.finish(batch_id, timeout_s=180.0)
         return phase, BatchRun(self.plan.lines, before, done1 - done0, failed1 - failed0,
-                               t1 - t0, str(final["status"]))
+                               t1 - t0, str(final["status"]),
+                               {k: v - deferred0.get(k, 0.0) for k, v in deferred1.items()})
 
     def _submit(self, tag: str) -> str:
         http = self.api.http
@@ -393,6 +398,20 @@ def _wait_exit(flood: Service, timeout_s: float) -> None:
 def _named(schedule: Callable[[int], str], flood_name: str) -> Callable[[int], str]:
     """``mixed_schedule`` with its flooding tenant renamed."""
     return lambda i: flood_name if schedule(i) == "a" else "b"
+
+
+def deferred_by_reason(scraped: dict[str, float]) -> dict[str, float]:
+    """``gateway_batch_deferred_total{reason="busy"}`` -> ``{"busy": ...}``."""
+    found: dict[str, float] = {}
+    for key, value in scraped.items():
+        match = re.search(r'reason="([^"]*)"', key)
+        if match:
+            found[match.group(1)] = found.get(match.group(1), 0.0) + value
+    return found
+
+
+def _deferred(gateway: Server) -> dict[str, float]:
+    return deferred_by_reason(scrape(gateway.url, {"gateway_batch_deferred_total"}))
 
 
 def _texts_computed(backend: Server) -> float:

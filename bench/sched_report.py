@@ -87,6 +87,8 @@ class BatchRun:
     failed: int  # failed while B ran
     seconds: float  # between the two reads of the batch's counts
     status: str  # after the cancel ("completed": it ran out of lines, the rate is a floor)
+    deferred: dict[str, float] = field(default_factory=dict)
+    """The gateway's batch gate refusals while B ran, by reason (gateway_batch_deferred_total)."""
 
     @property
     def rate(self) -> float:
@@ -132,12 +134,14 @@ def report(setup: Setup, calibration: Calibration, rounds: list[Round], started:
     if batches:
         lines += ["", "| round | batch lines | completed before B | completed while B ran "
                   "| failed | seconds | lines/s | spare (C - 0.6 C) req/s | lines/s / spare "
-                  "| status after cancel |",
-                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+                  "| status after cancel | gate refusals while B ran |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
+                  "| --- |"]
         for number, c, run in batches:
             lines.append(f"| {number} | {run.lines} | {run.before} | {run.completed} | "
                          f"{run.failed} | {run.seconds:.1f} | {run.rate:.1f} | {0.4 * c:.1f} | "
-                         f"{_ratio(run.rate, 0.4 * c):.3f} | {run.status} |")
+                         f"{_ratio(run.rate, 0.4 * c):.3f} | {run.status} | "
+                         f"{_reasons(run.deferred)} |")
     bursts = [(r.number, r.burst) for r in rounds if r.burst is not None]
     if bursts:
         lines += ["", "| round | C_long req/s | burst | served | late | 503 | 504 | other "
@@ -157,6 +161,11 @@ def report(setup: Setup, calibration: Calibration, rounds: list[Round], started:
             f"{b.computed:.0f} | {b.computed / max(1, len(served)):.2f} | {b.other_cpu:.2f} |")
     lines += _targets(rounds)
     return "\n".join(lines)
+
+
+def _reasons(counts: dict[str, float]) -> str:
+    shown = ", ".join(f"{k} {v:g}" for k, v in sorted(counts.items()) if v)
+    return shown or "-"
 
 
 def _phase_rows(p: Phase) -> list[str]:

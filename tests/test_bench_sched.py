@@ -101,6 +101,13 @@ def test_the_batch_is_10000_unique_one_text_lines_the_gateway_accepts() -> None:
     assert orjson.loads(sched.short("q", 3))["input"] == sched.short_text("q", 3)
 
 
+def test_the_gate_refusals_are_read_by_reason() -> None:
+    scraped = {'gateway_batch_deferred_total{reason="busy"}': 5.0,
+               'gateway_batch_deferred_total{reason="loop_busy"}': 2.0,
+               "gateway_batch_deferred_total{}": 9.0}
+    assert sched.deferred_by_reason(scraped) == {"busy": 5.0, "loop_busy": 2.0}
+
+
 def test_c_is_counted_in_2xx_answers_so_fast_503s_do_not_win() -> None:
     calibration = Calibration({8: closed(150, 0), 16: closed(160, 5), 64: closed(120, 900)})
     assert calibration.best == 16
@@ -201,7 +208,7 @@ def a_round(*, extra: bool) -> Round:
         r.phases[BULK_OPEN] = phase("B + bulk", lambda i: "b" if i % 2 else "bulk",
                                     [(200, 30.0)] * 100)
     r.batch = BatchRun(lines=10_000, before=32, completed=300, failed=0, seconds=10.0,
-                       status="cancelled")
+                       status="cancelled", deferred={"busy": 12.0, "queued": 0.0, "slow": 3.0})
     r.burst = sched.Burst(c_long=50.0, result=LoadResult(
         "closed", [sample(i, 200 if i < 20 else 503, 300.0 if i < 20 else 20.0)
                    for i in range(100)], 1.0, 100), computed=21.0, other_cpu=0.0)
@@ -231,7 +238,8 @@ def test_the_report_computes_the_issues_targets_from_its_set_up() -> None:
         in extra
     assert "Noisy (A closed loop)" not in extra
     assert "16 connections." in text  # C's connection count, said
-    assert "| 1 | 10000 | 32 | 300 | 0 | 10.0 | 30.0 | 40.0 | 0.750 | cancelled |" in text
+    assert ("| 1 | 10000 | 32 | 300 | 0 | 10.0 | 30.0 | 40.0 | 0.750 | cancelled "
+            "| busy 12, slow 3 |") in text
 
 
 def test_the_report_leaves_the_extra_table_out_without_the_extra_phases() -> None:
