@@ -100,7 +100,12 @@ def parse(text: str, loader: type[yaml.SafeLoader] = Yaml12Loader) -> tuple[
     Located | None, list[Problem]
 ]:
     """Parse one YAML document; problems for syntax errors, duplicate keys or an empty file."""
-    ldr = loader(text)
+    try:
+        ldr = loader(text)  # the reader refuses control characters anywhere in the text here
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        return None, [(line, "(document)", f"character U+{exc.character:04X} is not allowed in a "
+                       "YAML file: remove it")]
     try:
         root = ldr.get_single_node()
         if root is None:

@@ -122,6 +122,9 @@ def test_yaml_syntax_errors_and_duplicate_keys_have_lines(tmp_path: Path) -> Non
     assert errors([dup]) == [f"{dup}:4: rules[0].ttl: duplicate key (first at line 3)"]
     empty = write(tmp_path, "empty.yaml", "# nothing\n")
     assert errors([empty]) == [f"{empty}:1: (document): the file is empty"]
+    control = write(tmp_path, "control.yaml", "rules:\n  - name: a\x07\n")
+    assert errors([control]) == [f"{control}:2: (document): character U+0007 is not allowed in a "
+                                 "YAML file: remove it"]
 
 
 def test_missing_file_and_empty_folder(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ folded forms (other scripts' digits, invisible characters) mapped back to the or
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -350,7 +351,7 @@ def test_one_detectors_overlapping_spans_merge_around_another_detectors_span() -
     assert found == [Finding("secret", 9, 30), Finding("ip", 9, 12)]
     for name in {f.detector for f in found}:
         mine = [f for f in found if f.detector == name]
-        assert all(a.end <= b.start for a, b in zip(mine, mine[1:], strict=False))
+        assert all(a.end <= b.start for a, b in itertools.pairwise(mine))
 
 
 def test_adjacent_spans_of_one_detector_stay_two_findings() -> None:

@@ -26,6 +26,14 @@ def test_reading_an_exhausted_budget_is_not_refused() -> None:
     assert verdict == Verdict(True, 0, DAY_S / 2, 0.0) and used == 10.0
     over, _ = daily(DAY, 12.0, NOON, 1.0)
     assert over.remaining == 0 and not over.allowed
+    # A budget lowered below what was already used today: reading it still passes.
+    lowered, still = daily(DAY, 12.0, NOON, 0.0)
+    assert lowered.allowed and lowered.remaining == 0 and still == 12.0
+
+
+def test_a_charge_within_the_rounding_tolerance_of_the_budget_passes() -> None:
+    verdict, used = daily(DAY, 10.0, NOON, 1e-9)
+    assert verdict.allowed and used == 10.0 + 1e-9
 
 
 def test_an_allowed_rate_charge_has_no_retry_and_exact_remaining() -> None:

@@ -6,6 +6,9 @@ them. Written to kill the mutants ``make mutate`` found surviving in gateway/ten
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -119,3 +122,65 @@ def test_unreadable_and_malformed_files_name_the_file(tmp_path: Path) -> None:
         Tenants.load(path)
     assert str(err.value).startswith(f"{path}:")
     assert "\n" not in str(err.value) and ":?:" not in str(err.value)
+
+
+def test_every_duplicate_key_of_a_file_is_listed_on_its_own_line(tmp_path: Path) -> None:
+    with pytest.raises(TenantsError) as err:
+        load(tmp_path, """
+            tenants:
+              a: {api_keys_sha256: []}
+              a: {api_keys_sha256: []}
+              b: {api_keys_sha256: []}
+              b: {api_keys_sha256: []}
+        """)
+    name = tmp_path / "tenants.yaml"
+    assert str(err.value).splitlines() == [
+        f"{name}:3: tenants.a: duplicate key (first at line 2)",
+        f"{name}:5: tenants.b: duplicate key (first at line 4)",
+    ]
+
+
+def test_a_control_character_is_refused_with_its_line_not_a_crash(tmp_path: Path) -> None:
+    # PyYAML's reader refuses it before parsing (ReaderError, unmarked): it used to escape as
+    # that exception instead of a TenantsError naming the file and line.
+    with pytest.raises(TenantsError) as err:
+        load(tmp_path, "tenants:\n  acme:\n    api_keys_sha256: [\"a\x07\"]\n")
+    assert str(err.value) == (f"{tmp_path / 'tenants.yaml'}:3: (document): character U+0007 is "
+                              "not allowed in a YAML file: remove it")
+
+
+def test_every_bad_digest_of_a_tenant_and_a_scalar_tenant_are_listed(tmp_path: Path) -> None:
+    with pytest.raises(TenantsError) as err:
+        load(tmp_path, """
+            tenants:
+              acme:
+                api_keys_sha256: ["x", "y"]
+              scalar: 3
+        """)
+    name = tmp_path / "tenants.yaml"
+    assert str(err.value).splitlines() == [
+        f"{name}:3: tenants.acme.api_keys_sha256[0]: not a SHA-256 digest (64 hex characters)",
+        f"{name}:3: tenants.acme.api_keys_sha256[1]: not a SHA-256 digest (64 hex characters)",
+        f"{name}:4: tenants.scalar: expected 'api_keys_sha256': a list of SHA-256 hex digests",
+    ]
+
+
+def test_the_file_is_read_as_utf_8_whatever_the_locale(tmp_path: Path) -> None:
+    # A container with LANG=C and UTF-8 mode off reads files as ASCII by default; a tenants file
+    # with a non-ASCII comment must still load there.
+    path = tmp_path / "tenants.yaml"
+    digest = key_digest("k")
+    path.write_text(f"# équipe données\ntenants:\n  acme: {{api_keys_sha256: [\"{digest}\"]}}\n",
+                    encoding="utf-8")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0",
+           "PYTHONCOERCECLOCALE": "0"}
+    code = ("import locale, sys; from pathlib import Path; "
+            "from gateway.tenants.directory import Tenants; "
+            "print(locale.getpreferredencoding(False)); "
+            "print(Tenants.load(Path(sys.argv[1])).spec('acme') is not None)")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], env=env, cwd=Path.cwd(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    encoding, loaded = out.stdout.split()
+    assert encoding.lower() not in ("utf-8", "utf8"), "the child must run with a non-UTF-8 locale"
+    assert loaded == "True"
