@@ -103,8 +103,8 @@ def parse(text: str, loader: type[yaml.SafeLoader] = Yaml12Loader) -> tuple[
     try:
         ldr = loader(text)  # the reader refuses control characters anywhere in the text here
     except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
-        return None, [(line, "(document)", f"character U+{exc.character:04X} is not allowed in a "
+        at = text.count("\n", 0, exc.position) + 1
+        return None, [(at, "(document)", f"character U+{exc.character:04X} is not allowed in a "
                        "YAML file: remove it")]
     try:
         root = ldr.get_single_node()

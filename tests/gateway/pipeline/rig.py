@@ -64,9 +64,17 @@ class FakeModel:
     """The texts of every request that reached it, in order."""
     gate: asyncio.Event | None = None
     """While set to an unset event, every call waits for it (a request held in flight)."""
+    urls: list[str] = field(default_factory=list)
+    """The URL of every request that reached it, in order."""
+    params: list[dict[str, Any]] = field(default_factory=list)
+    """The OIP ``parameters`` of every request that reached it (priority, timeout...)."""
+    fail_texts: set[str] = field(default_factory=set)
+    """A request with any of these texts is answered 500 (one backend call fails, others not)."""
 
     async def __call__(self, request: Request) -> Reply:
+        self.urls.append(request.url)
         doc = orjson.loads(request.body or b"{}")
+        self.params.append(doc.get("parameters") or {})
         texts = [t for tensor in doc["inputs"] for t in tensor["data"]]
         self.texts.append(texts)
         if self.gate is not None:
@@ -74,9 +82,12 @@ class FakeModel:
         await asyncio.sleep(0.005)  # a real call yields: identical requests meet in flight
         if self.fail is not None:
             return Reply(self.fail, b'{"error": "down"}', {})
+        if self.fail_texts.intersection(texts):
+            return Reply(500, b'{"error": "down"}', {})
         flat = [x for t in texts for x in vector(t)]
         answer = {"model_name": "minilm", "outputs": [
-            {"name": "embedding", "datatype": "FP32", "shape": [len(texts), 8], "data": flat}]}
+            {"name": "embedding", "datatype": "FP32", "shape": [len(texts), 8], "data": flat}],
+            "parameters": {"token_counts": [len(t.split()) + 2 for t in texts]}}
         return Reply(200, orjson.dumps(answer), {"Server-Timing": "queue;dur=0.5, compute;dur=2"})
 
     @property

@@ -235,3 +235,14 @@ def test_decide_names_the_input_field_unless_told_otherwise() -> None:
     with pytest.raises(ValidationFailed) as info:
         decide(rule, "v", tenant="t", texts=["a", "b"])
     assert (info.value.field, info.value.reason) == ("input", "at most 1 items allowed, got 2")
+
+
+def test_evaluate_groups_scopes_by_the_rule() -> None:
+    """/v1/rank, /v1/classify and OIP go through evaluate_groups: its scope is the cache key's
+    scope (a shared rule pools tenants, any other keeps them apart)."""
+    args: dict[str, Any] = {"route": "/v1/rank", "model": "m", "headers": {},
+                            "groups": [("query", ["q"]), ("documents", ["a"])]}
+    shared = one_rule(scope="shared")
+    assert evaluate_groups(shared, tenant="acme", **args).scope == "shared"
+    assert evaluate_groups(one_rule(), tenant="acme", **args).scope == "acme"
+    assert evaluate_groups(shared, tenant="acme", **args).policy_version == shared.version

@@ -172,6 +172,7 @@ def test_the_file_is_read_as_utf_8_whatever_the_locale(tmp_path: Path) -> None:
     digest = key_digest("k")
     path.write_text(f"# équipe données\ntenants:\n  acme: {{api_keys_sha256: [\"{digest}\"]}}\n",
                     encoding="utf-8")
+    assert Tenants.load(path).spec("acme") is not None  # here, under the test's own locale
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0",
            "PYTHONCOERCECLOCALE": "0"}
     code = ("import locale, sys; from pathlib import Path; "
