@@ -20,7 +20,8 @@ which reads every worker's files). Definitions match the stats snapshot (gateway
 - ``queue_by_class``: per tier, the requests waiting for a slot per priority class
   (``interactive``, ``batch``) at the end of the interval;
 - ``queue_wait_s``: per priority class, the calls that stopped waiting for a slot in the
-  interval (granted, at once or after a wait, or gave up) and p50/p99 of how long they waited,
+  interval (granted after queueing, or gave up; calls granted at once are not counted) and
+  p50/p99 of how long they waited,
   from the ``gateway_queue_wait_seconds`` buckets' differences (all tiers and outcomes);
 - ``backend_queue_s``: per backend, the calls of the interval and p50/p99 of the queue time
   the backend reported (inside the model server, where the gateway's order cannot act);

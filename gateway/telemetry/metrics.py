@@ -184,8 +184,8 @@ class GatewayMetrics:
         )
         self.queue_wait = Histogram(
             "gateway_queue_wait_seconds",
-            "Time a backend call waited for an upstream slot (0 when granted at once), by tier, "
-            "priority class and outcome (granted; shed, expired, cancelled: left the queue).",
+            "Time a backend call that queued waited for an upstream slot, by tier, priority "
+            "class and outcome (granted; shed, expired, cancelled: left the queue).",
             ["tier", "class", "outcome"], buckets=LATENCY_BUCKETS, registry=reg,
         )
         self.inflight = Gauge(

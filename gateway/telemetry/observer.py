@@ -157,8 +157,8 @@ class Observer(Protocol):
 
     def queue_wait(self, tier: str, cls: str, outcome: str, seconds: float) -> None:
         """How long a call of class ``cls`` (interactive, batch) waited in ``tier``'s admission
-        queue: ``granted`` a slot (0 when at once), or left it ``shed`` (to make room),
-        ``expired`` (its deadline passed) or ``cancelled``."""
+        queue before it was ``granted`` a slot or left it ``shed`` (to make room), ``expired``
+        (its deadline passed) or ``cancelled``; calls that did not queue are not reported."""
 
     def concurrency_limit(self, tier: str, limit: int, min_rtt_s: float | None) -> None:
         """A tier's concurrency limit (and the adaptive minRTT, when adaptive) moved."""

@@ -30,10 +30,10 @@ tier's service time is an EWMA of how long slots are held, fed by ``Slot.release
 
 What it reports (``Observer``): the queue's depth per class and the calls in flight after every
 change (``gateway_queue_depth{tier,class}``, ``gateway_upstream_inflight{tier}``), and for every
-``acquire`` that got past the shedding checks how long it waited and how that ended
-(``gateway_queue_wait_seconds{tier,class,outcome}``: ``granted``, 0 s when at once; ``shed``,
-``expired``, ``cancelled`` when it left the queue). A call shed at once waited for nothing: it
-is counted in ``gateway_shed_total`` only.
+call that queued how long it waited and how that ended (``gateway_queue_wait_seconds{tier,
+class,outcome}``: ``granted``, or it left the queue ``shed``, ``expired``, ``cancelled``). A call
+granted at once or shed at once waited for nothing and is not observed there (the shed ones
+are in ``gateway_shed_total``): a miss that does not queue pays no histogram update.
 
 The limit is a per-tier ``GradientLimit`` (gateway/upstream/admission/adaptive.py, on by
 default) moving under the ceiling ``tier_concurrency`` with the latency the tier's calls show, so
@@ -218,7 +218,6 @@ class Admission:
             raise refusal
         batch = cls == BATCH
         if self._now(state, cls):
-            self._observer.queue_wait(tier, cls, "granted", 0.0)
             return self._grant(tier, state, tenant, queued_s=0.0, batch=batch)
         if victim is not None:
             state.waiters.remove(victim)
@@ -328,8 +327,9 @@ class Admission:
         self._observer.shed(reason)
 
     def _gauges(self, tier: str, state: _TierQueue) -> None:
-        self._observer.admission(tier, len(state.waiters), state.active,
-                                 state.waiters.depth(BATCH))
+        waiting = len(state.waiters)
+        self._observer.admission(tier, waiting, state.active,
+                                 state.waiters.depth(BATCH) if waiting else 0)
 
     def _limit_gauge(self, tier: str, state: _TierQueue) -> None:
         min_rtt = state.adaptive.min_rtt_s if state.adaptive is not None else None

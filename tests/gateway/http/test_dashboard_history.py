@@ -232,7 +232,7 @@ async def hover(page: Browser, ident: str, across: float) -> str:
 async def check_scheduling_charts(page: Browser) -> None:
     """The two scheduling panels drew the window's history of a real gateway: the limit
     against the calls in flight, the depth per class (0: nobody queued) and the wait per class
-    (misses took a slot: 0 ms when at once), beside the queue time the backend reported."""
+    (drawn when calls queued), beside the queue time the backend reported."""
     limit = await chart(page, "chart-limit")
     assert limit["points"] >= TRAFFIC_S, limit
     assert [item.rsplit(" ", 1)[0] for item in limit["legend"]] == ["limit zone", "in flight zone"]
@@ -242,9 +242,9 @@ async def check_scheduling_charts(page: Browser) -> None:
     assert depth["legend"] == ["interactive 0", "batch 0"], depth
     wait = await chart(page, "chart-priority-wait")
     names = [item.rsplit(" ", 2)[0] for item in wait["legend"]]
-    assert names[:2] == ["interactive p50", "interactive p99"], wait
+    # Few of this light traffic's misses queue (the limit probes at 3): the backend's line, always.
     assert any(name.startswith("in backend ") for name in names), wait
-    assert wait["points"] >= 1 and re.match(r"[\d,]+ calls took a slot", wait["caption"])
+    assert wait["points"] >= 1 and re.match(r"[\d,]+ calls queued", wait["caption"])
     tip = await hover(page, "chart-limit", 0.995)
     assert re.fullmatch(r"\d\d:\d\d:\d\d\nlimit zone: \d+\nin flight zone: \d+", tip), tip
 
@@ -308,7 +308,7 @@ async def test_scheduling_panels_draw_queue_per_class_and_the_limit() -> None:
             assert wait["legend"] == ["interactive p50 4.0 ms", "interactive p99 20.0 ms",
                                       "batch p50 300 ms", "batch p99 900 ms",
                                       "in backend b1:8000 p99 2.0 ms"]
-            assert wait["caption"].startswith("1,000 calls took a slot")
+            assert wait["caption"].startswith("1,000 calls queued for a slot")
             limit = await chart(page, "chart-limit")
             assert limit["points"] == 40
             assert limit["legend"] == ["limit zone 6", "in flight zone 3"]

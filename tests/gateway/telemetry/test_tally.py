@@ -65,6 +65,11 @@ def test_admission_gauges_are_exact_at_every_collection() -> None:
     depth = {c: registry.get_sample_value("gateway_queue_depth", {"tier": "zone", "class": c})
              for c in ("interactive", "batch")}
     assert depth == {"interactive": 2, "batch": 1}  # ``sum by (tier)``: 3, as before
+    observer.admission("zone", 0, 1)  # the batch waiter left: its series back to 0
+    assert registry.get_sample_value("gateway_queue_depth",
+                                     {"tier": "zone", "class": "batch"}) == 0
+    assert registry.get_sample_value("gateway_queue_depth",
+                                     {"tier": "zone", "class": "interactive"}) == 0
     assert registry.get_sample_value("gateway_upstream_inflight", {"tier": "zone"}) == 1
 
 

@@ -272,8 +272,8 @@ def waits(registry: CollectorRegistry, cls: str, outcome: str) -> tuple[float, f
 
 
 async def test_queue_depth_and_wait_by_class_and_outcome() -> None:
-    """The queue's depth per class, and how long each call waited (injected clock): granted at
-    once (0 s) or after a wait, or left the queue shed, expired or cancelled."""
+    """The queue's depth per class, and how long each call that queued waited (injected clock):
+    granted, or left the queue shed, expired or cancelled; one granted at once is no wait."""
     now = [100.0]
     registry = CollectorRegistry()
     admission = Admission(AdmissionSettings(tier_concurrency=1, tier_queue=3, adaptive=FIXED,
@@ -291,7 +291,7 @@ async def test_queue_depth_and_wait_by_class_and_outcome() -> None:
             tenant=tenant))
 
     held = await admission.acquire("zone", deadline=now[0] + 60)
-    assert waits(registry, "interactive", "granted") == (1, 0.0)  # at once: waited 0 s
+    assert waits(registry, "interactive", "granted") == (0, 0.0)  # at once: not a wait
     interactive, bulk, hurried = acquire(60), acquire(60, "batch"), acquire(0.05, "batch")
     await asyncio.sleep(0)
     assert (depth("interactive"), depth("batch")) == (1, 2)
@@ -303,7 +303,7 @@ async def test_queue_depth_and_wait_by_class_and_outcome() -> None:
     held.release()
     slot = await interactive
     assert slot.queued_s == pytest.approx(0.3)
-    assert waits(registry, "interactive", "granted") == (2, pytest.approx(0.3))
+    assert waits(registry, "interactive", "granted") == (1, pytest.approx(0.3))
     assert (depth("interactive"), depth("batch")) == (0, 1)
 
     # The queue full (3 waiters), an interactive newcomer sheds the batch waiter.
@@ -328,6 +328,6 @@ async def test_queue_depth_and_wait_by_class_and_outcome() -> None:
     (await third).release()
     (await late).release()
     assert waits(registry, "batch", "granted") == (1, pytest.approx(0.2))
-    assert waits(registry, "interactive", "granted") == (4, pytest.approx(0.3 + 0.2))
+    assert waits(registry, "interactive", "granted") == (3, pytest.approx(0.3 + 0.2))
     assert (depth("interactive"), depth("batch")) == (0, 0)
     assert admission.inflight("zone") == 0
