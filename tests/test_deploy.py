@@ -348,6 +348,28 @@ def test_grafana_dashboard_and_provisioning() -> None:
             assert target["datasource"]["uid"] == "${datasource}"
 
 
+def test_grafana_scheduling_row_shows_the_gateway_queue_per_class() -> None:
+    """Below the scheduling row: the gateway's queue depth and wait per priority class beside
+    the backend's, and no two panels of the dashboard on the same place."""
+    dash = json.loads((DEPLOY / "grafana" / "dashboards" / "gateway.json").read_text())
+    panels = dash["panels"]
+    rows = sorted((p["gridPos"]["y"], p["title"]) for p in panels if p["type"] == "row")
+    [start] = [y for y, title in rows if title.startswith("Scheduling")]
+    end = min([y for y, _ in rows if y > start], default=10**6)
+    exprs = [t["expr"] for p in panels if start < p["gridPos"]["y"] < end
+             for t in p.get("targets", [])]
+    assert "sum by (tier, class) (gateway_queue_depth)" in exprs
+    assert any("gateway_queue_wait_seconds_bucket" in e and "by (le, class)" in e for e in exprs)
+    assert any("backend_queue_duration_seconds_bucket" in e for e in exprs)
+    cells: set[tuple[int, int]] = set()
+    for p in panels:
+        g = p["gridPos"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"])
+                for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, f"{p['title']!r} overlaps another panel"
+        cells |= mine
+
+
 # Under CI (.ci/run installs it) a missing promtool is a failure, never a skip.
 @pytest.mark.skipif(shutil.which("promtool") is None and not os.environ.get("CI"),
                     reason="promtool is not installed (apt-get install prometheus)")

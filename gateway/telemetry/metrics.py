@@ -178,8 +178,15 @@ class GatewayMetrics:
             "gateway_upstream_hedges_total", "Hedged second requests sent.", registry=reg,
         )
         self.queue_depth = Gauge(
-            "gateway_queue_depth", "Requests waiting for an upstream slot, by tier.", ["tier"],
-            registry=reg, multiprocess_mode="livesum",
+            "gateway_queue_depth",
+            "Requests waiting for an upstream slot, by tier and priority class (interactive, "
+            "batch).", ["tier", "class"], registry=reg, multiprocess_mode="livesum",
+        )
+        self.queue_wait = Histogram(
+            "gateway_queue_wait_seconds",
+            "Time a backend call that queued waited for an upstream slot, by tier, priority "
+            "class and outcome (granted; shed, expired, cancelled: left the queue).",
+            ["tier", "class", "outcome"], buckets=LATENCY_BUCKETS, registry=reg,
         )
         self.inflight = Gauge(
             "gateway_upstream_inflight", "Backend calls in flight, by tier.", ["tier"],

@@ -151,8 +151,14 @@ class Observer(Protocol):
     def circuit_open(self, is_open: bool) -> None:
         """The Redis circuit breaker opened or closed."""
 
-    def admission(self, tier: str, waiting: int, inflight: int) -> None:
-        """A tier's queue depth and calls in flight, after a change."""
+    def admission(self, tier: str, waiting: int, inflight: int, batch_waiting: int = 0) -> None:
+        """A tier's queue depth and calls in flight, after a change; ``batch_waiting``: how
+        many of the ``waiting`` are batch-class (the rest are interactive)."""
+
+    def queue_wait(self, tier: str, cls: str, outcome: str, seconds: float) -> None:
+        """How long a call of class ``cls`` (interactive, batch) waited in ``tier``'s admission
+        queue before it was ``granted`` a slot or left it ``shed`` (to make room), ``expired``
+        (its deadline passed) or ``cancelled``; calls that did not queue are not reported."""
 
     def concurrency_limit(self, tier: str, limit: int, min_rtt_s: float | None) -> None:
         """A tier's concurrency limit (and the adaptive minRTT, when adaptive) moved."""
@@ -270,7 +276,10 @@ class NullObserver:
     def circuit_open(self, is_open: bool) -> None:
         pass
 
-    def admission(self, tier: str, waiting: int, inflight: int) -> None:
+    def admission(self, tier: str, waiting: int, inflight: int, batch_waiting: int = 0) -> None:
+        pass
+
+    def queue_wait(self, tier: str, cls: str, outcome: str, seconds: float) -> None:
         pass
 
     def concurrency_limit(self, tier: str, limit: int, min_rtt_s: float | None) -> None:

@@ -26,6 +26,7 @@ class MetricsObserver:
         self.tally = metrics.tally
         self.tenants = TenantLabels(top_tenants)
         """Per-tenant series are labelled by the busiest ``top_tenants`` ids, the rest ``other``."""
+        self._batch_waiting: set[str] = set()  # tiers whose batch-class queue depth is not 0
 
     def flush(self) -> None:
         self.tally.flush()
@@ -161,12 +162,21 @@ class MetricsObserver:
     def circuit_open(self, is_open: bool) -> None:
         self.metrics.redis_circuit_open.set(1 if is_open else 0)
 
-    def admission(self, tier: str, waiting: int, inflight: int) -> None:
+    def admission(self, tier: str, waiting: int, inflight: int, batch_waiting: int = 0) -> None:
         # Twice per backend call (grant, release): batched like the counters; setting them at
         # once took a lock each (and a memory-mapped write with several workers) on every miss.
         m, t = self.metrics, self.tally
-        t.set(m.queue_depth, (tier,), waiting)
+        t.set(m.queue_depth, (tier, "interactive"), waiting - batch_waiting)
+        if batch_waiting or tier in self._batch_waiting:  # the batch series once one waited
+            t.set(m.queue_depth, (tier, "batch"), batch_waiting)
+            if batch_waiting:
+                self._batch_waiting.add(tier)
+            else:
+                self._batch_waiting.discard(tier)
         t.set(m.inflight, (tier,), inflight)
+
+    def queue_wait(self, tier: str, cls: str, outcome: str, seconds: float) -> None:
+        self.tally.observe(self.metrics.queue_wait, (tier, cls, outcome), seconds)
 
     def concurrency_limit(self, tier: str, limit: int, min_rtt_s: float | None) -> None:
         m = self.metrics

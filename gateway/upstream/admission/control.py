@@ -28,6 +28,13 @@ the others. A request's class is the lower of the caller's ``priority`` (batch j
 Memory stays bounded: the queue never holds more than ``tier_queue`` waiters per tier. Each
 tier's service time is an EWMA of how long slots are held, fed by ``Slot.release``.
 
+What it reports (``Observer``): the queue's depth per class and the calls in flight after every
+change (``gateway_queue_depth{tier,class}``, ``gateway_upstream_inflight{tier}``), and for every
+call that queued how long it waited and how that ended (``gateway_queue_wait_seconds{tier,
+class,outcome}``: ``granted``, or it left the queue ``shed``, ``expired``, ``cancelled``). A call
+granted at once or shed at once waited for nothing and is not observed there (the shed ones
+are in ``gateway_shed_total``): a miss that does not queue pays no histogram update.
+
 The limit is a per-tier ``GradientLimit`` (gateway/upstream/admission/adaptive.py, on by
 default) moving under the ceiling ``tier_concurrency`` with the latency the tier's calls show, so
 that what the backends cannot use waits here, in fair order, rather than in their FIFO; when it
@@ -55,6 +62,13 @@ def _interactive_reserve(limit: int) -> int:
     """Slots batch-class calls leave to interactive ones: a quarter of the limit, at least one
     (none at a limit of 1, where batch would otherwise never run)."""
     return max(1, limit // 4) if limit > 1 else 0
+
+
+def _left(exc: BaseException) -> str:
+    """Why a waiter left the queue without a slot (the ``outcome`` of its wait)."""
+    if isinstance(exc, TimeoutError):
+        return "expired"
+    return "shed" if isinstance(exc, Overloaded) else "cancelled"
 
 
 Share = Callable[[str], tuple[float, Priority]]
@@ -225,6 +239,7 @@ class Admission:
                 future.cancel()
                 state.waiters.remove(waiter)  # False when already popped by _wake
                 self._gauges(tier, state)
+            self._observer.queue_wait(tier, cls, _left(exc), self.clock() - start)
             if isinstance(exc, TimeoutError):
                 self._shed("expired")
                 raise DeadlineExceeded(
@@ -235,6 +250,7 @@ class Admission:
             raise
         # _wake already counted this slot as held when it woke us.
         now = self.clock()
+        self._observer.queue_wait(tier, cls, "granted", now - start)
         return Slot(self, tier, now, queued_s=max(now - start, 1e-9), epoch=self._epoch(state),
                     batch=batch,
                     tenant=tenant)
@@ -311,7 +327,9 @@ class Admission:
         self._observer.shed(reason)
 
     def _gauges(self, tier: str, state: _TierQueue) -> None:
-        self._observer.admission(tier, len(state.waiters), state.active)
+        waiting = len(state.waiters)
+        self._observer.admission(tier, waiting, state.active,
+                                 state.waiters.depth(BATCH) if waiting else 0)
 
     def _limit_gauge(self, tier: str, state: _TierQueue) -> None:
         min_rtt = state.adaptive.min_rtt_s if state.adaptive is not None else None

@@ -52,10 +52,11 @@ class _Flow(Generic[T]):
 
 
 class _Class(Generic[T]):
-    __slots__ = ("flows", "vtime")
+    __slots__ = ("flows", "size", "vtime")
 
     def __init__(self) -> None:
         self.flows: dict[str, _Flow[T]] = {}  # insertion order: who waited first
+        self.size = 0  # waiters of the class, all tenants
         self.vtime = 0.0
 
 
@@ -82,6 +83,10 @@ class FairQueue(Generic[T]):
         """Whether any waiter of the class waits."""
         return bool(self._classes[priority].flows)
 
+    def depth(self, priority: Priority) -> int:
+        """How many waiters of the class wait."""
+        return self._classes[priority].size
+
     def queued(self, priority: Priority | None = None) -> dict[str, int]:
         """Waiters per tenant (of one class, or of all)."""
         out: dict[str, int] = {}
@@ -105,6 +110,7 @@ class FairQueue(Generic[T]):
             flow = cls.flows[tenant] = _Flow()
         flow.items.append((tag, item))
         flow.last = tag
+        cls.size += 1
         self._len += 1
 
     def pop(self, usage: Mapping[str, int] | None = None,
@@ -127,6 +133,7 @@ class FairQueue(Generic[T]):
                 cls.vtime = max(cls.vtime, tag)
                 if not best.items:
                     del cls.flows[best_tenant]
+                cls.size -= 1
                 self._len -= 1
                 return item
         return None
@@ -140,6 +147,7 @@ class FairQueue(Generic[T]):
                         del flow.items[i]
                         if not flow.items:
                             del cls.flows[tenant]
+                        cls.size -= 1
                         self._len -= 1
                         return True
         return False

@@ -24,7 +24,15 @@ from typing import IO, Any
 
 import aiohttp
 import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
 
+from gateway.http.routes import dashboard
+from gateway.http.stats import Stats
+from gateway.policy.store import PolicyStore
+from gateway.routing.balancer import Router
+from gateway.routing.config import BackendSpec, RoutingSettings
+from gateway.telemetry.metrics import GatewayMetrics
 from tests.conftest import REPO, free_port
 from tests.gateway.cdp import Browser
 from tests.gateway.conftest import BackendProc, gateway_env, stop_process, wait_ready
@@ -168,7 +176,7 @@ async def check_dashboard(exe: str, base: str) -> None:
             for key, cache in (("hits", "HIT"), ("misses", "MISS")):
                 count = int(stats["latency_s"][cache]["count"])
                 assert text[key] == f"{count:,} {cache} requests in the window"
-            assert text["reserved"] == 4
+            assert text["reserved"] == 2  # the scheduling panels are charts now
             assert await page.evaluate(_OVERFLOW) == [], f"cut off at {width}x{height}"
             # Hovering a chart reads out the values of the second under the mouse.
             box = await page.evaluate("""(() => { const r = document.querySelector(
@@ -181,6 +189,7 @@ async def check_dashboard(exe: str, base: str) -> None:
             shot = ARTIFACTS / f"dashboard-{width}.png"
             shot.write_bytes(await page.screenshot())
             assert shot.stat().st_size > 20_000
+            await check_scheduling_charts(page)  # last: it scrolls the page to hover
 
         # The picture for docs/OPERATIONS.md: the page open while traffic goes on.
         await page.size(1400, 900)
@@ -193,6 +202,124 @@ async def check_dashboard(exe: str, base: str) -> None:
         finally:
             await live
         assert shot.stat().st_size > 20_000
+
+
+_CHART = """((id) => ({
+  points: Number(document.querySelector("#" + id + " svg").dataset.points),
+  legend: [...document.querySelectorAll("#" + id + " .legend > span")].map((e) => e.textContent),
+  caption: document.getElementById(id + "-caption").textContent,
+}))"""
+
+
+async def chart(page: Browser, ident: str) -> dict[str, Any]:
+    """What one chart drew: its points (the longest series), legend items and caption."""
+    result: dict[str, Any] = await page.evaluate(f"{_CHART}({ident!r})")
+    return result
+
+
+async def hover(page: Browser, ident: str, across: float) -> str:
+    """The chart's readout with the mouse ``across`` its plot's width (scrolled into view)."""
+    box = await page.evaluate(f"""(() => {{
+      const plot = document.querySelector("#{ident} .plot");
+      plot.scrollIntoView({{block: "center"}});
+      const r = plot.getBoundingClientRect();
+      return {{x: r.left + r.width * {across}, y: r.top + r.height / 2}}; }})()""")
+    await page.call("Input.dispatchMouseEvent", type="mouseMoved", x=box["x"], y=box["y"])
+    tip: str = await page.evaluate(f"document.querySelector('#{ident} .tip').innerText")
+    return tip
+
+
+async def check_scheduling_charts(page: Browser) -> None:
+    """The two scheduling panels drew the window's history of a real gateway: the limit
+    against the calls in flight, the depth per class (0: nobody queued) and the wait per class
+    (drawn when calls queued), beside the queue time the backend reported."""
+    limit = await chart(page, "chart-limit")
+    assert limit["points"] >= TRAFFIC_S, limit
+    assert [item.rsplit(" ", 1)[0] for item in limit["legend"]] == ["limit zone", "in flight zone"]
+    assert all(re.fullmatch(r".* \d+", item) for item in limit["legend"]), limit
+    depth = await chart(page, "chart-priority-depth")
+    assert depth["points"] >= TRAFFIC_S, depth
+    assert depth["legend"] == ["interactive 0", "batch 0"], depth
+    wait = await chart(page, "chart-priority-wait")
+    names = [item.rsplit(" ", 2)[0] for item in wait["legend"]]
+    # Few of this light traffic's misses queue (the limit probes at 3): the backend's line, always.
+    assert any(name.startswith("in backend ") for name in names), wait
+    assert wait["points"] >= 1 and re.match(r"[\d,]+ calls queued", wait["caption"])
+    tip = await hover(page, "chart-limit", 0.995)
+    assert re.fullmatch(r"\d\d:\d\d:\d\d\nlimit zone: \d+\nin flight zone: \d+", tip), tip
+
+
+async def test_scheduling_panels_draw_queue_per_class_and_the_limit() -> None:
+    """The page against a history with a backlog (served here, with a real stats snapshot):
+    both classes' depth and wait, the backend's queue time, the limit moving under the calls
+    in flight; what a quiet second leaves out of a point is drawn as 0, not as a gap."""
+    exe = chromium()
+    t0 = time.time() - 40
+    points = []
+    for i in range(40):
+        p: dict[str, Any] = {"t": t0 + i, "dt": 1.0, "requests": {}, "items": {},
+                             "hit_ratio": None, "tier_hit_ratio": {}, "latency_s": {},
+                             "shed": {}, "queue_depth": {"zone": 0}, "inflight": {"zone": 3},
+                             "backend_busy": {}, "limit": {"zone": 3 + i // 10}}
+        if 10 <= i < 30:  # a backlog: interactive calls wait a little, batch ones longer
+            p["queue_by_class"] = {"zone": {"interactive": 2, "batch": 7}}
+            p["queue_depth"] = {"zone": 9}
+            p["queue_wait_s"] = {
+                "interactive": {"count": 40, "p50": 0.004, "p99": 0.02},
+                "batch": {"count": 10, "p50": 0.3, "p99": 0.9}}
+            p["backend_queue_s"] = {"b1:8000": {"count": 50, "p50": 0.001, "p99": 0.002}}
+        points.append(p)
+    router = Router([BackendSpec(url="http://b1:8000", zone="z")], RoutingSettings(zone="z"))
+    store = PolicyStore([])
+    await store.reload()
+    stats = Stats(GatewayMetrics(CollectorRegistry()).registry, router=router,
+                  policies=store).snapshot()
+    html = dashboard.load_page()
+
+    async def page_route(request: web.Request) -> web.Response:
+        return web.Response(body=html, content_type="text/html")
+
+    async def stats_route(request: web.Request) -> web.Response:
+        return web.json_response({**stats, "time": time.time()})
+
+    async def history_route(request: web.Request) -> web.Response:
+        since = float(request.query.get("since", "0"))
+        return web.json_response({"interval_s": 1, "window_s": 900, "sampler_pid": 1,
+                                  "points": [p for p in points if p["t"] > since]})
+
+    app = web.Application()
+    app.router.add_get("/dashboard", page_route)
+    app.router.add_get("/dashboard/stats.json", stats_route)
+    app.router.add_get("/dashboard/history.json", history_route)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with Browser(exe) as page:
+            await page.size(1366, 768)
+            await page.open(f"http://127.0.0.1:{port}/dashboard")
+            await wait_for_render(page)
+            depth = await chart(page, "chart-priority-depth")
+            assert depth["points"] == 40  # zeros outside the backlog: one line, no gap
+            assert depth["legend"] == ["interactive 0", "batch 0"]  # the latest second
+            wait = await chart(page, "chart-priority-wait")
+            assert wait["points"] == 20  # the seconds with calls; none drawn elsewhere
+            assert wait["legend"] == ["interactive p50 4.0 ms", "interactive p99 20.0 ms",
+                                      "batch p50 300 ms", "batch p99 900 ms",
+                                      "in backend b1:8000 p99 2.0 ms"]
+            assert wait["caption"].startswith("1,000 calls queued for a slot")
+            limit = await chart(page, "chart-limit")
+            assert limit["points"] == 40
+            assert limit["legend"] == ["limit zone 6", "in flight zone 3"]
+            # Hovering the backlog reads out both classes at that second.
+            tip = await hover(page, "chart-priority-depth", 1 - 20 / 900)
+            assert tip.split("\n")[1:] == ["interactive: 2", "batch: 7"], tip
+            assert await page.evaluate(_OVERFLOW) == []
+            ARTIFACTS.mkdir(exist_ok=True)
+            (ARTIFACTS / "dashboard-scheduling.png").write_bytes(await page.screenshot())
+    finally:
+        await runner.cleanup()
 
 
 async def check_takeover(base: str) -> None:

@@ -60,9 +60,16 @@ def test_admission_gauges_are_exact_at_every_collection() -> None:
     metrics = GatewayMetrics(CollectorRegistry())
     observer = MetricsObserver(metrics)
     observer.admission("zone", 4, 2)
-    observer.admission("zone", 3, 1)
+    observer.admission("zone", 3, 1, batch_waiting=1)
     registry = metrics.registry  # collecting flushes the tally first
-    assert registry.get_sample_value("gateway_queue_depth", {"tier": "zone"}) == 3
+    depth = {c: registry.get_sample_value("gateway_queue_depth", {"tier": "zone", "class": c})
+             for c in ("interactive", "batch")}
+    assert depth == {"interactive": 2, "batch": 1}  # ``sum by (tier)``: 3, as before
+    observer.admission("zone", 0, 1)  # the batch waiter left: its series back to 0
+    assert registry.get_sample_value("gateway_queue_depth",
+                                     {"tier": "zone", "class": "batch"}) == 0
+    assert registry.get_sample_value("gateway_queue_depth",
+                                     {"tier": "zone", "class": "interactive"}) == 0
     assert registry.get_sample_value("gateway_upstream_inflight", {"tier": "zone"}) == 1
 
 

@@ -64,7 +64,8 @@ async def test_slots_up_to_the_limit_then_fifo_queue() -> None:
     waiters = [asyncio.create_task(wait(i)) for i in range(3)]
     await asyncio.sleep(0.01)
     assert admission.queue_depth("zone") == 3
-    assert registry.get_sample_value("gateway_queue_depth", {"tier": "zone"}) == 3
+    assert registry.get_sample_value("gateway_queue_depth",
+                                     {"tier": "zone", "class": "interactive"}) == 3
     assert admission.inflight("region") == 0  # tiers are independent
     first.release()
     first.release()  # idempotent
@@ -260,4 +261,73 @@ async def test_a_limit_of_one_keeps_no_slot_from_batch_calls() -> None:
     slot = await asyncio.wait_for(admission.acquire("zone", deadline=later(60),
                                                     priority="batch"), 1)
     slot.release()
+    assert admission.inflight("zone") == 0
+
+
+def waits(registry: CollectorRegistry, cls: str, outcome: str) -> tuple[float, float]:
+    """(count, sum) of ``gateway_queue_wait_seconds`` for one class and outcome in tier zone."""
+    labels = {"tier": "zone", "class": cls, "outcome": outcome}
+    return (registry.get_sample_value("gateway_queue_wait_seconds_count", labels) or 0.0,
+            registry.get_sample_value("gateway_queue_wait_seconds_sum", labels) or 0.0)
+
+
+async def test_queue_depth_and_wait_by_class_and_outcome() -> None:
+    """The queue's depth per class, and how long each call that queued waited (injected clock):
+    granted, or left the queue shed, expired or cancelled; one granted at once is no wait."""
+    now = [100.0]
+    registry = CollectorRegistry()
+    admission = Admission(AdmissionSettings(tier_concurrency=1, tier_queue=3, adaptive=FIXED,
+                                            max_wait_factor=0.0),
+                          observer=MetricsObserver(GatewayMetrics(registry)),
+                          clock=lambda: now[0])
+
+    def depth(cls: str) -> float | None:
+        return registry.get_sample_value("gateway_queue_depth", {"tier": "zone", "class": cls})
+
+    def acquire(deadline_s: float, priority: str = "interactive",
+                tenant: str = "public") -> asyncio.Task[Slot]:
+        return asyncio.create_task(admission.acquire(
+            "zone", deadline=now[0] + deadline_s, priority=priority,  # type: ignore[arg-type]
+            tenant=tenant))
+
+    held = await admission.acquire("zone", deadline=now[0] + 60)
+    assert waits(registry, "interactive", "granted") == (0, 0.0)  # at once: not a wait
+    interactive, bulk, hurried = acquire(60), acquire(60, "batch"), acquire(0.05, "batch")
+    await asyncio.sleep(0)
+    assert (depth("interactive"), depth("batch")) == (1, 2)
+    with pytest.raises(DeadlineExceeded):  # 50 ms of the loop's time; the clock stands still
+        await hurried
+    assert waits(registry, "batch", "expired") == (1, 0.0)
+    assert (depth("interactive"), depth("batch")) == (1, 1)
+    now[0] += 0.3
+    held.release()
+    slot = await interactive
+    assert slot.queued_s == pytest.approx(0.3)
+    assert waits(registry, "interactive", "granted") == (1, pytest.approx(0.3))
+    assert (depth("interactive"), depth("batch")) == (0, 1)
+
+    # The queue full (3 waiters), an interactive newcomer sheds the batch waiter.
+    now[0] += 0.1
+    first, second, third = acquire(60), acquire(60), acquire(60)
+    with pytest.raises(Overloaded):
+        await bulk
+    assert waits(registry, "batch", "shed") == (1, pytest.approx(0.4))
+    assert (depth("interactive"), depth("batch")) == (3, 0)
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert waits(registry, "interactive", "cancelled") == (1, 0.0)
+
+    slot.release()
+    slot = await first
+    late = acquire(60, "batch")
+    await asyncio.sleep(0)
+    assert (depth("interactive"), depth("batch")) == (1, 1)
+    now[0] += 0.2
+    slot.release()
+    (await third).release()
+    (await late).release()
+    assert waits(registry, "batch", "granted") == (1, pytest.approx(0.2))
+    assert waits(registry, "interactive", "granted") == (3, pytest.approx(0.3 + 0.2))
+    assert (depth("interactive"), depth("batch")) == (0, 0)
     assert admission.inflight("zone") == 0
