@@ -278,3 +278,17 @@ async def test_admission_rejections_reach_the_metrics_per_tier(tmp_path: Path) -
         assert rejected + _evictions(registry, "node", "capacity") + node.stats().entries == 1500
     finally:
         await node.close()
+
+
+def test_w_tinylfu_window_is_a_fifth_as_large_by_bytes_as_by_entries() -> None:
+    now = 1000.0
+    size = 760 + 240  # each entry is charged 1,000 bytes
+    by_bytes = MemoryCache(1_000_000, 1000 * size, clock=lambda: now, admission=True)
+    by_entries = MemoryCache(1000, 1 << 40, clock=lambda: now, admission=True)
+    for l1 in (by_bytes, by_entries):
+        for i in range(2000):  # 1,000 to fill it, then 1,000 newcomers through the window
+            l1.get(key(i))
+            l1.set(key(i), Entry(b"x" * 760, now, 600.0))
+    # 1% of 1,000 entries, but 0.2% of 1,000 entries' bytes (replayed: bench/RESULTS.md).
+    assert len(by_entries._segments()[0]) == 10
+    assert len(by_bytes._segments()[0]) == 2
