@@ -339,3 +339,22 @@ def test_scan_is_fast_enough_on_large_text_without_pii() -> None:
 ])
 def test_the_smallest_values_pass_the_pre_checks(detector: str, text: str, value: str) -> None:
     assert found(text, detector) == [value]
+
+
+def test_clean_text_enters_no_detector_whose_needle_is_absent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prose without ``@``, ``:`` or ``basic `` walks no e-mail candidates, URLs or Basic
+    credentials (issue 24: a call each on every request); with the needle they still run."""
+    from gateway.policy import contacts, credentials
+
+    entered: list[str] = []
+    basic, finds = credentials._basic, contacts.finds
+    monkeypatch.setattr(credentials, "_basic",
+                        lambda s, out: (entered.append("basic"), basic(s, out))[1])
+    monkeypatch.setattr(contacts, "finds",
+                        lambda hay, needle: (entered.append(needle), finds(hay, needle))[1])
+    assert scan("a new sentence 12 to embed, nothing private", DETECTORS) == []
+    assert entered == []
+    found = scan("Authorization: Basic dXNlcjpwYXNzd29yZA== and me@example.com", DETECTORS)
+    assert {f.detector for f in found} == {"secret", "email"}
+    assert "basic" in entered and "@" in entered
