@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from gateway.pipeline.context import RequestContext
     from gateway.policy import Decision
     from gateway.upstream import Upstream
-    from gateway.upstream.results import RawResult
+    from gateway.upstream.results import InferResult, RawResult
 
 MAX_BACKEND_TEXTS = 256
 """Texts per backend call (the backend's default ``max_items_per_request``): a rank request
@@ -66,10 +66,16 @@ async def fetch(unit: Unit, upstream: Upstream, ctx: RequestContext, model: str,
 
 async def _fetch_texts(upstream: Upstream, ctx: RequestContext, model: str,
                        texts: list[str]) -> FetchResult:
-    parts = await asyncio.gather(*(
-        upstream.infer_texts(model, part, request_id=ctx.request_id, deadline=ctx.deadline,
-                             tenant=ctx.tenant, priority=ctx.priority, route=ctx.route)
-        for part in backend_batches(texts)))
+    batches = backend_batches(texts)
+    if len(batches) == 1:  # the common case: awaited here, without a task and a gather
+        parts: Sequence[InferResult] = [await upstream.infer_texts(
+            model, texts, request_id=ctx.request_id, deadline=ctx.deadline, tenant=ctx.tenant,
+            priority=ctx.priority, route=ctx.route)]
+    else:
+        parts = await asyncio.gather(*(
+            upstream.infer_texts(model, part, request_id=ctx.request_id, deadline=ctx.deadline,
+                                 tenant=ctx.tenant, priority=ctx.priority, route=ctx.route)
+            for part in batches))
     items: list[Fetched] = []
     for part in parts:
         n = len(part.embeddings)

@@ -68,16 +68,17 @@ def _obfuscated_at(text: str, at: int, end: int, plain: bool, out: list[Span]) -
 
 def emails(s: Shape, out: list[Span]) -> None:
     """Append e-mail addresses, plain and obfuscated."""
-    text = s.text
-    for at in finds(s.plain, "@"):
-        dm = _DOMAIN.match(text, at)
-        if dm is not None:
-            lm = _LOCAL.search(text, max(0, at - 65), at)
-            if lm is not None:
-                out.append(("email", lm.start(), dm.end()))
+    text, plain = s.text, s.plain
+    if "@" in plain:  # the common case, text without one, makes no generator
+        for at in finds(plain, "@"):
+            dm = _DOMAIN.match(text, at)
+            if dm is not None:
+                lm = _LOCAL.search(text, max(0, at - 65), at)
+                if lm is not None:
+                    out.append(("email", lm.start(), dm.end()))
     cls = s.cls
     for opening, needles in _BRACKETED:
-        if opening in s.plain:
+        if opening in plain:
             for i in (i for needle in needles for i in finds(cls, needle)):
                 m = _BRACKET_AT.match(text, i - (i > 0 and text[i - 1] == " "))
                 if m is not None:

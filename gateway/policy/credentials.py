@@ -124,6 +124,9 @@ def _aws_secrets(text: str, out: list[Span]) -> None:
             out.append(("secret", m.start(), m.end()))
 
 
+_LONG_40 = "a" * 40
+
+
 def find_credentials(s: Shape, out: list[Span]) -> None:
     """Append the secrets this module describes."""
     text = s.plain
@@ -132,12 +135,15 @@ def find_credentials(s: Shape, out: list[Span]) -> None:
         if sep in lower:
             for m in pairs.finditer(lower):
                 _pair_at(text, m.start(), out)
-    for i in s.urls:
-        _url_password(text, i, out)
-    _basic(s, out)
-    if LONG_RUN not in s.tokens:
+    if ":" in text:  # s.urls is empty otherwise
+        for i in s.urls:
+            _url_password(text, i, out)
+    if b"basic " in lower:  # the one needle _basic searches for
+        _basic(s, out)
+    tokens = s.tokens
+    if LONG_RUN not in tokens:
         return  # both of the following are runs of 20+ token characters
-    if "a" * 40 in s.tokens:
+    if _LONG_40 in tokens:
         _aws_secrets(text, out)
     for prefix in ("eyJ", "eyj"):
         for i in finds(text, prefix):

@@ -45,7 +45,8 @@ def detect(s: Shape, want: Collection[str]) -> list[Span]:
             ipv6s(s, out)
             url_hosts(s, out)
     if "secret" in want:
-        if LONG_RUN in s.tokens:
-            find_secrets(text, s.tokens, out)
+        tokens = s.tokens
+        if LONG_RUN in tokens:
+            find_secrets(text, tokens, out)
         find_credentials(s, out)
     return out

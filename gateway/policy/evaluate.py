@@ -177,6 +177,9 @@ def evaluate_groups(
     Items are concatenated in group order; ``max_items`` applies to each field on its own.
     """
     rule = policy.match(route=route, model=model, tenant=tenant, headers=headers)
+    if len(groups) == 1:  # one field (``input``): its decision is the request's, as built
+        field, texts = groups[0]
+        return decide(rule, policy.version, tenant=tenant, texts=texts, field=field)
     parts = [decide(rule, policy.version, tenant=tenant, texts=texts, field=field)
              for field, texts in groups]
     items = tuple(item for part in parts for item in part.items)

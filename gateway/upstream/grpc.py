@@ -96,7 +96,9 @@ class GrpcTransport(Transport):
         self._backends: dict[str, _Backend] = {}
         self._closed = False
 
-    async def send(self, request: Request, *, timeout_s: float) -> Reply:
+    async def send(self, request: Request, *, timeout_s: float, bounded: bool = False) -> Reply:
+        # ``bounded`` changes nothing here: the timeout is also the call's gRPC deadline, which
+        # the backend reads.
         url = request.url
         if not url.startswith(SCHEME) or self._closed:
             raise TransportError("not a grpc:// URL" if not self._closed else "closed")

@@ -19,7 +19,10 @@ aiohttp's and grpcio's exceptions stop here; the client only ever sees this tree
 The retry policy tells the two kinds of ``ConnectError`` apart as Envoy's ``retry_on`` does
 (``connect-failure``, ``reset``).
 
-Cancellation (the caller's deadline) passes through untouched.
+Cancellation (the caller's deadline) passes through untouched. ``send(..., bounded=True)``: the
+caller bounds the exchange to at most ``timeout_s`` itself (an ``asyncio.timeout`` around the
+call, as each try does), so a transport may leave out a timer of its own; aiohttp's per-call
+total timeout (a ``ClientTimeout`` and a timer handle per call) is then not made.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class Reply:
 class Transport:
     """The interface (see the module docstring); subclasses implement ``send``."""
 
-    async def send(self, request: Request, *, timeout_s: float) -> Reply:
+    async def send(self, request: Request, *, timeout_s: float, bounded: bool = False) -> Reply:
         raise NotImplementedError
 
     async def close(self) -> None:
@@ -92,6 +95,8 @@ class AiohttpTransport(Transport):
     def __init__(self, session: aiohttp.ClientSession, *, connect_timeout_s: float) -> None:
         self.session = session
         self._connect_timeout_s = connect_timeout_s
+        self._connect_only = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+        """The timeout of a bounded call: the connect limit only (the caller's scope ends it)."""
 
     @classmethod
     def create(cls, *, pool_size: int, connect_timeout_s: float) -> AiohttpTransport:
@@ -104,8 +109,9 @@ class AiohttpTransport(Transport):
         )
         return cls(session, connect_timeout_s=connect_timeout_s)
 
-    async def send(self, request: Request, *, timeout_s: float) -> Reply:
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
+    async def send(self, request: Request, *, timeout_s: float, bounded: bool = False) -> Reply:
+        timeout = self._connect_only if bounded else aiohttp.ClientTimeout(
+            total=timeout_s, sock_connect=self._connect_timeout_s)
         try:
             async with self.session.request(request.method, request.url, data=request.body,
                                             headers=request.headers, timeout=timeout) as resp:
@@ -133,14 +139,15 @@ class SchemeTransport(Transport):
     def __init__(self, by_scheme: Mapping[str, Transport]) -> None:
         self.by_scheme = dict(by_scheme)
 
-    def send(self, request: Request, *, timeout_s: float) -> Coroutine[Any, Any, Reply]:
+    def send(self, request: Request, *, timeout_s: float, bounded: bool = False,
+             ) -> Coroutine[Any, Any, Reply]:
         # Not a coroutine of its own: it hands back the chosen transport's, so a call costs no
         # extra frame (raising at once for an unknown scheme, which callers await in a try).
         scheme, _, _ = request.url.partition("://")
         transport = self.by_scheme.get(scheme)
         if transport is None:
             raise TransportError(f"no transport for {scheme}:// URLs")
-        return transport.send(request, timeout_s=timeout_s)
+        return transport.send(request, timeout_s=timeout_s, bounded=bounded)
 
     async def close(self) -> None:
         for transport in dict.fromkeys(self.by_scheme.values()):  # each one once
@@ -158,7 +165,7 @@ class MemoryTransport(Transport):
         self.handler = handler
         self.requests: list[Request] = []
 
-    async def send(self, request: Request, *, timeout_s: float) -> Reply:
+    async def send(self, request: Request, *, timeout_s: float, bounded: bool = False) -> Reply:
         self.requests.append(request)
         reply = await self.handler(request)
         headers = CIMultiDictProxy(CIMultiDict(reply.headers))

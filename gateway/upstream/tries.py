@@ -199,9 +199,9 @@ class Tries:
             scope = asyncio.timeout(allowed)
             try:
                 async with scope:
-                    sent = await self._transport.send(
+                    sent = await self._transport.send(  # ``scope`` bounds it (to per_try)
                         Request("POST", state.url + send.path, send.body, headers),
-                        timeout_s=per_try)
+                        timeout_s=per_try, bounded=True)
                 reply = _Reply(sent.status, sent.body, sent.headers, state, self._clock() - start)
             except (TransportError, TimeoutError) as exc:
                 # Past the deadline it is the client's time that ran out, not the backend's.

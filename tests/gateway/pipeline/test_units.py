@@ -4,6 +4,7 @@ behave as the pipeline promises."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from gateway.pipeline import HIT, MISS, PER_TEXT, PerText, Result
 from gateway.pipeline.context import CacheDirectives, RequestContext
 from gateway.pipeline.units import MAX_BACKEND_TEXTS, backend_batches, items_of
 from gateway.pipeline.vectors import vector
+from gateway.upstream import Reply, Request
 from tests.gateway.pipeline.rig import build, write_policy
 
 
@@ -82,3 +84,27 @@ def test_backend_batches_keep_order_within_the_per_call_limits() -> None:
     assert [t for b in batches for t in b] == texts
     big = ["x" * (600 * 1024), "y" * (600 * 1024), "z"]
     assert [len(b) for b in backend_batches(big)] == [1, 2]
+
+
+async def test_one_backend_batch_is_awaited_in_the_requests_own_task(tmp_path: Path) -> None:
+    """A miss whose texts fit one backend call runs it in the request's task: no task and no
+    gather per miss (issue 24)."""
+    rig = await build("embeddings", write_policy(tmp_path))
+    tasks_seen: list[int] = []
+    answer = rig.model.__call__
+
+    async def counting(request: Request) -> Reply:
+        tasks_seen.append(len(asyncio.all_tasks()))
+        return await answer(request)
+
+    transport = rig.pipeline.upstream._transport
+    transport.handler = counting  # type: ignore[attr-defined]
+
+    def ctx() -> RequestContext:
+        return RequestContext(request_id="t", route="/v1/similarity",
+                              deadline=rig.clock() + 10**9, directives=CacheDirectives())
+
+    call = Similarity(model="minilm", groups=(("texts", ("one text", "another text")),))
+    await rig.pipeline.run(ctx(), call)
+    assert tasks_seen == [len(asyncio.all_tasks())]  # only the test's own task
+

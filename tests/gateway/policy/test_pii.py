@@ -361,3 +361,22 @@ def test_adjacent_spans_of_one_detector_stay_two_findings() -> None:
     found = scan(text, DETECTORS)
     assert found == [Finding("secret", 7, 27), Finding("secret", 27, 30)]
     assert redact(text, found) == "Bearer [SECRET][SECRET]"
+
+
+def test_clean_text_enters_no_detector_whose_needle_is_absent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prose without ``@``, ``:`` or ``basic `` walks no e-mail candidates, URLs or Basic
+    credentials (issue 24: a call each on every request); with the needle they still run."""
+    from gateway.policy import contacts, credentials
+
+    entered: list[str] = []
+    basic, finds = credentials._basic, contacts.finds
+    monkeypatch.setattr(credentials, "_basic",
+                        lambda s, out: (entered.append("basic"), basic(s, out))[1])
+    monkeypatch.setattr(contacts, "finds",
+                        lambda hay, needle: (entered.append(needle), finds(hay, needle))[1])
+    assert scan("a new sentence 12 to embed, nothing private", DETECTORS) == []
+    assert entered == []
+    found = scan("Authorization: Basic dXNlcjpwYXNzd29yZA== and me@example.com", DETECTORS)
+    assert {f.detector for f in found} == {"secret", "email"}
+    assert "basic" in entered and "@" in entered

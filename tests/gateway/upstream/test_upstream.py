@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, Overloaded
-from gateway.upstream import InferResult
+from gateway.upstream import InferResult, Request
 from gateway.upstream.health import HealthChecker
 from tests.gateway.routing.oip_fake import fake_embedding
 from tests.gateway.upstream.upstream_rig import Build
@@ -309,3 +309,27 @@ async def test_raw_passthrough_and_get(build: Build, fakes: Any) -> None:
         await rig.upstream.get("/v2/models/minilm", request_id="r")
     with contextlib.suppress(Exception):
         await backend.start()
+
+
+async def test_a_try_is_bounded_by_its_own_scope_not_an_aiohttp_timer_per_call(
+        build: Build, fakes: Any) -> None:
+    """Each try already runs under ``asyncio.timeout`` (the per-try timeout or the deadline,
+    the sooner): the aiohttp call gets the transport's one connect-only timeout instead of a
+    new ``ClientTimeout`` and a total timer per call (issue 24). Health checks and other
+    unbounded callers keep their per-call total."""
+    backend = await fakes()
+    rig = await build([(backend, "a")])
+    seen: list[Any] = []
+    request = rig.transport.session.request
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["timeout"])
+        return request(*args, **kwargs)
+
+    rig.transport.session.request = recording  # type: ignore[method-assign]
+    await rig.embed(["one"])
+    await rig.embed(["two"])
+    assert len(seen) == 2 and seen[0] is seen[1]  # one object, made once
+    assert seen[0].total is None and seen[0].sock_connect == rig.settings.connect_timeout_s
+    await rig.transport.send(Request("GET", backend.url + "/v2/health/ready"), timeout_s=2.5)
+    assert seen[2].total == 2.5
