@@ -70,9 +70,14 @@ class FakeModel:
     """The OIP ``parameters`` of every request that reached it (priority, timeout...)."""
     fail_texts: set[str] = field(default_factory=set)
     """A request with any of these texts is answered 500 (one backend call fails, others not)."""
+    headers: list[dict[str, str]] = field(default_factory=list)
+    """The headers of every request that reached it (``X-Request-Timeout-Ms``...), in order."""
+    token_counts: bool = True
+    """Whether its answers report each text's token count (``parameters.token_counts``)."""
 
     async def __call__(self, request: Request) -> Reply:
         self.urls.append(request.url)
+        self.headers.append(dict(request.headers))
         doc = orjson.loads(request.body or b"{}")
         self.params.append(doc.get("parameters") or {})
         texts = [t for tensor in doc["inputs"] for t in tensor["data"]]
@@ -88,6 +93,8 @@ class FakeModel:
         answer = {"model_name": "minilm", "outputs": [
             {"name": "embedding", "datatype": "FP32", "shape": [len(texts), 8], "data": flat}],
             "parameters": {"token_counts": [len(t.split()) + 2 for t in texts]}}
+        if not self.token_counts:
+            del answer["parameters"]
         return Reply(200, orjson.dumps(answer), {"Server-Timing": "queue;dur=0.5, compute;dur=2"})
 
     @property

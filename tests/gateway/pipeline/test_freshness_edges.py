@@ -23,6 +23,7 @@ from gateway.cache.keys import CacheKey
 from gateway.cache.tiered import TieredCache
 from gateway.errors import BadGateway, GatewayError
 from gateway.pipeline import Result
+from gateway.pipeline.accounting import usage_of
 from gateway.pipeline.call import Outcome
 from gateway.pipeline.context import CacheDirectives, RequestContext
 from gateway.pipeline.freshness import stale_if_error
@@ -259,3 +260,61 @@ async def test_a_slow_l2_write_never_delays_the_answer(tmp_path: Path) -> None:
     l2.release.set()
     await asyncio.wait_for(rig.pipeline.drain(), timeout=5.0)
     assert len(l2.stored) == 1
+
+
+async def test_a_policy_that_shortens_stale_while_revalidate_reaches_stored_entries(
+        tmp_path: Path) -> None:
+    """Stored under ttl 10 s and swr 1 min; the policy now allows 5 s of swr: at 12 s old the
+    entry is stale (inside both windows), at 30 s a miss (inside the entry's own window only)."""
+    rig = await build("embeddings", write_policy(tmp_path, ttl="10s", swr="1m"))
+    await embed(rig, ["a", "b"])
+    write_policy(tmp_path, n=2, ttl="10s", swr="5s")
+    await rig.pipeline.policies.reload()
+    rig.clock.advance(12)
+    assert statuses(await embed(rig, ["a"])) == ["STALE"]
+    await rig.pipeline.drain()
+    rig.clock.advance(18)  # b is 30 s old
+    assert statuses(await embed(rig, ["b"])) == ["MISS"]
+
+
+async def test_a_policy_that_shortens_the_ttl_reaches_stored_entries(tmp_path: Path) -> None:
+    rig = await build("embeddings", write_policy(tmp_path, ttl="1h"))
+    await embed(rig, ["a"])
+    write_policy(tmp_path, n=2, ttl="10s")
+    await rig.pipeline.policies.reload()
+    rig.clock.advance(20)
+    await embed(rig, ["b"])
+    # a is past the policy's TTL (the cache still holds it, under its own hour): a miss, and
+    # the items after it are still looked at
+    assert statuses(await embed(rig, ["a", "b"])) == ["MISS", "HIT"]
+
+
+async def test_a_policy_that_shortens_stale_if_error_reaches_stored_entries(
+        tmp_path: Path) -> None:
+    rig = await build("embeddings", write_policy(tmp_path, ttl="10s", sie="1h"))
+    await embed(rig, ["a", "b"])
+    write_policy(tmp_path, n=2, ttl="10s", sie="5s")
+    await rig.pipeline.policies.reload()
+    rig.model.fail = 503
+    rig.clock.advance(12)
+    assert statuses(await embed(rig, ["a"])) == ["STALE"]
+    rig.clock.advance(18)  # b is 30 s old: inside the entry's hour, not the policy's 5 s
+    with pytest.raises(GatewayError):  # the backend's 503, or none left after it (shed)
+        await embed(rig, ["b"])
+
+
+async def test_a_stale_if_error_answer_carries_its_key_entry_and_age(tmp_path: Path) -> None:
+    """Like any answer from the cache: its age (the Age header), the compute it saved (the
+    tenant's usage) and its key and entry (the renderer reuses what it made of them)."""
+    rig = await build("embeddings", write_policy(tmp_path, ttl="10s", sie="1h"))
+    await embed(rig, ["a"])
+    rig.clock.advance(20)
+    rig.model.fail = 503
+    result = await embed(rig, ["a"])
+    (o,) = result.outcomes
+    assert o.status == "STALE" and o.age_s == pytest.approx(20.0)
+    assert result.age_s == pytest.approx(20.0)
+    assert isinstance(o.key, CacheKey) and o.key.scope == "acme"
+    assert isinstance(o.entry, Entry) and o.entry.value == o.value
+    assert o.entry.compute_ms > 0
+    assert usage_of(result.outcomes, 0.0).saved_s == pytest.approx(o.entry.compute_ms / 1000)
