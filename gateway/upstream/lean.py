@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -68,8 +69,7 @@ class _Conn(asyncio.Protocol):
     # --- asyncio.Protocol ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
         self.got = True

@@ -455,3 +455,26 @@ async def test_lifo_reuse() -> None:
         await lean.send(Request("GET", raw.url), timeout_s=5)
         assert seen == [1, 2, 1]
         await lean.close()
+
+
+def test_under_uvloop() -> None:
+    """The gateway's loop is uvloop, whose transports are not ``asyncio.Transport``s."""
+    import uvloop
+
+    async def main() -> bytes:
+        async def script(n: int, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+            while await raw.read_request(reader):
+                writer.write(OK)
+                await writer.drain()
+
+        async with Raw(script) as raw:
+            lean = LeanTransport(pool_size=1, connect_timeout_s=1.0)
+            try:
+                await lean.send(Request("GET", raw.url), timeout_s=5)
+                return (await lean.send(Request("GET", raw.url), timeout_s=5)).body
+            finally:
+                await lean.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(main()) == b"ok"
