@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from typing import cast
+from urllib.parse import quote
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -38,6 +39,9 @@ from gateway.upstream.transport import (
 )
 
 _URL_CACHE_MAX = 1024
+_PATH_SAFE = "!$%&'()*+,/:;=?@~"
+"""Kept as they are in a path and query (with letters, digits and ``_.-~``); the rest of a
+non-ASCII or spaced path is percent-encoded from UTF-8."""
 
 
 class _Stale(Exception):
@@ -290,7 +294,12 @@ class LeanTransport(Transport):
             pool = self._pools[key] = _Pool(connect_host, port, limit=self._pool_size,
                                             keepalive_s=self._keepalive_s,
                                             connect_timeout_s=self._connect_timeout_s)
-        head = f" {path} HTTP/1.1\r\nHost: {authority}\r\n".encode("latin-1")
+        if not path.isascii() or not path.isprintable() or " " in path:
+            path = quote(path, safe=_PATH_SAFE)  # as aiohttp (yarl) sends it: UTF-8, %XX kept
+        try:
+            head = f" {path} HTTP/1.1\r\nHost: {authority}\r\n".encode("ascii")
+        except UnicodeError:
+            raise TransportError(f"lean transport: not an ASCII host in {url!r}") from None
         if len(self._urls) >= _URL_CACHE_MAX:
             self._urls.clear()
         target = self._urls[url] = (pool, head)
@@ -303,7 +312,7 @@ class LeanTransport(Transport):
         for name, value in request.headers.items():
             if name.lower() == "content-length":
                 has_length = True
-            lines.append(f"{name}: {value}\r\n".encode("latin-1"))
+            lines.append(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape"))
         body = request.body
         if body is not None and not has_length:
             lines.append(b"Content-Length: %d\r\n" % len(body))

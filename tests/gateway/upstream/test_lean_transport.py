@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -60,11 +61,15 @@ async def server() -> AsyncIterator[tuple[str, list[Any]]]:
         peers.append(request.transport.get_extra_info("peername") if request.transport else None)
         return web.Response(body=b"bye", headers={"Connection": "close"})
 
+    async def raw_path(request: web.Request) -> web.Response:
+        return web.Response(text=request.raw_path)
+
     app = web.Application(client_max_size=8 << 20)
     app.router.add_route("*", "/echo", echo)
     app.router.add_get("/big", big)
     app.router.add_get("/chunked", chunked)
     app.router.add_get("/closing", closing)
+    app.router.add_get("/raw/{tail:.*}", raw_path)
     srv = TestServer(app, host="127.0.0.1", port=free_port())
     await srv.start_server()
     yield f"http://127.0.0.1:{srv.port}", peers
@@ -120,6 +125,17 @@ async def test_connection_close_answer_is_not_reused(server: tuple[str, list[Any
         reply = await lean.send(Request("GET", url + "/closing"), timeout_s=5)
         assert reply.body == b"bye"
     assert len(set(peers)) == 2
+
+
+async def test_a_non_ascii_path_goes_as_aiohttp_sends_it(server: tuple[str, list[Any]],
+                                                        lean: LeanTransport) -> None:
+    """A path the gateway got from a client (percent-decoded, any text) is percent-encoded
+    from UTF-8, existing escapes kept: the bytes aiohttp's client puts on the wire."""
+    url, _ = server
+    for path in ("/raw/v/\u009f\u00e6 x%2F?q=\u00fc", "/raw/plain/1?a=b&c=d"):
+        reply = await lean.send(Request("GET", url + path), timeout_s=5)
+        async with aiohttp.ClientSession() as session, session.get(url + path) as resp:
+            assert reply.body.decode() == await resp.text()
 
 
 async def test_connect_refused_is_connect_failed(lean: LeanTransport) -> None:
