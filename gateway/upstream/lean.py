@@ -51,8 +51,21 @@ class _Stale(Exception):
 class _Conn(asyncio.Protocol):
     """One kept-alive connection; one exchange at a time."""
 
-    __slots__ = ("transport", "parser", "waiter", "status", "headers", "chunks", "got",
-                 "complete", "closed", "keep_alive", "reused", "idle_since", "error")
+    __slots__ = (
+        "chunks",
+        "closed",
+        "complete",
+        "error",
+        "got",
+        "headers",
+        "idle_since",
+        "keep_alive",
+        "parser",
+        "reused",
+        "status",
+        "transport",
+        "waiter",
+    )
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -147,8 +160,17 @@ class _Conn(asyncio.Protocol):
 class _Pool:
     """The connections to one ``(host, port)``: at most ``limit``, idle ones reused LIFO."""
 
-    __slots__ = ("host", "port", "limit", "keepalive_s", "connect_timeout_s", "idle", "open",
-                 "waiters", "sweep")
+    __slots__ = (
+        "connect_timeout_s",
+        "host",
+        "idle",
+        "keepalive_s",
+        "limit",
+        "open",
+        "port",
+        "sweep",
+        "waiters",
+    )
 
     def __init__(self, host: str, port: int, *, limit: int, keepalive_s: float,
                  connect_timeout_s: float) -> None:

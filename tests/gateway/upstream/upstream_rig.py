@@ -26,11 +26,11 @@ from gateway.routing import BackendSpec, Router, RoutingSettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.prometheus import MetricsObserver
 from gateway.upstream import AiohttpTransport, InferResult, Upstream
-from gateway.upstream.lean import LeanTransport
-from gateway.upstream.transport import Transport
 from gateway.upstream.admission.adaptive import AdaptiveSettings
 from gateway.upstream.admission.control import Admission
 from gateway.upstream.admission.settings import AdmissionSettings
+from gateway.upstream.lean import LeanTransport
+from gateway.upstream.transport import Transport
 from tests.conftest import free_port
 from tests.gateway.routing.oip_fake import FakeBackend
 
