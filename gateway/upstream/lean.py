@@ -55,7 +55,6 @@ class _Conn(asyncio.Protocol):
         "chunks",
         "closed",
         "complete",
-        "error",
         "got",
         "headers",
         "idle_since",
@@ -81,7 +80,6 @@ class _Conn(asyncio.Protocol):
         self.keep_alive = True
         self.reused = False
         self.idle_since = 0.0
-        self.error: BaseException | None = None
 
     # --- asyncio.Protocol ---
 
@@ -161,6 +159,7 @@ class _Pool:
     """The connections to one ``(host, port)``: at most ``limit``, idle ones reused LIFO."""
 
     __slots__ = (
+        "closed",
         "connect_timeout_s",
         "host",
         "idle",
@@ -184,6 +183,8 @@ class _Pool:
         """Connections counted against ``limit``: idle, busy and being made."""
         self.waiters: deque[asyncio.Future[None]] = deque()
         self.sweep: asyncio.TimerHandle | None = None
+        self.closed = False
+        """The transport closed: connections still busy are closed when they come back."""
 
     async def acquire(self, fresh: bool = False) -> _Conn:
         idle = self.idle
@@ -229,7 +230,7 @@ class _Pool:
 
     def release(self, conn: _Conn) -> None:
         conn.waiter = None
-        if conn.closed or not conn.keep_alive:
+        if conn.closed or not conn.keep_alive or self.closed:
             self.discard(conn)
             return
         conn.idle_since = asyncio.get_running_loop().time()
@@ -270,6 +271,7 @@ class _Pool:
             self.sweep = asyncio.get_running_loop().call_later(delay, self._sweep)
 
     def close(self) -> None:
+        self.closed = True
         if self.sweep is not None:
             self.sweep.cancel()
             self.sweep = None

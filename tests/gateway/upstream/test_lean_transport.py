@@ -494,3 +494,25 @@ def test_under_uvloop() -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(main()) == b"ok"
+
+
+async def test_a_connection_busy_at_close_is_closed_when_it_comes_back() -> None:
+    asked = asyncio.Event()
+    answer = asyncio.Event()
+
+    async def script(n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await raw.read_request(reader)
+        asked.set()
+        await answer.wait()
+        writer.write(OK)
+        await writer.drain()
+        await raw.until_eof(reader)
+
+    async with Raw(script) as raw:
+        lean = LeanTransport(pool_size=1, connect_timeout_s=1.0)
+        task = asyncio.create_task(lean.send(Request("GET", raw.url), timeout_s=5))
+        await asyncio.wait_for(asked.wait(), 5)
+        await lean.close()
+        answer.set()
+        assert (await task).body == b"ok"
+        await asyncio.wait_for(raw.eof.wait(), 5)  # closed by the client, not kept
