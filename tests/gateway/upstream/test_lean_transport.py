@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -516,3 +517,43 @@ async def test_a_connection_busy_at_close_is_closed_when_it_comes_back() -> None
         answer.set()
         assert (await task).body == b"ok"
         await asyncio.wait_for(raw.eof.wait(), 5)  # closed by the client, not kept
+
+
+def test_http_client_setting_is_checked() -> None:
+    from gateway.routing import RoutingSettings
+    from gateway.validation import SettingsError
+
+    assert RoutingSettings(http_client="lean").http_client == "lean"
+    with pytest.raises(SettingsError, match="http_client"):
+        RoutingSettings(http_client="curl")
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path) -> Path:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((Path(__file__).resolve().parents[3] / "policies" / "default.yaml")
+                      .read_text())
+    return policy
+
+
+async def test_the_app_sends_http_through_the_lean_client_when_set(
+        tmp_path: Path, policy_file: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from gateway.app import create_app
+    from gateway.http import app_state as state
+    from gateway.settings import load_settings
+    from gateway.upstream.transport import AiohttpTransport, SchemeTransport
+
+    values = {"backends": ["http://127.0.0.1:9"], "policies.path": str(policy_file),
+              "cache.node.path": str(tmp_path / "node"), "routing.http_client": "lean"}
+    app = create_app(load_settings(None, values, environ={}), registry=CollectorRegistry())
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        transport = app[state.TRANSPORT]
+        assert isinstance(transport, SchemeTransport)
+        assert isinstance(transport.by_scheme["http"], LeanTransport)
+        assert isinstance(transport.by_scheme["https"], AiohttpTransport)
+    finally:
+        await server.close()
