@@ -49,8 +49,9 @@ from gateway.upstream import AiohttpTransport, Upstream
 from gateway.upstream.admission.control import Admission
 from gateway.upstream.grpc import GrpcTransport
 from gateway.upstream.health import HealthChecker
+from gateway.upstream.lean import LeanTransport
 from gateway.upstream.schedule import Schedule
-from gateway.upstream.transport import SchemeTransport
+from gateway.upstream.transport import SchemeTransport, Transport
 from oip.openapi import handler as serve_document
 
 log = logging.getLogger("gateway")
@@ -171,8 +172,13 @@ async def _transport(app: web.Application) -> AsyncIterator[None]:
     http = AiohttpTransport.create(pool_size=routing.pool_size,
                                    connect_timeout_s=routing.connect_timeout_s)
     grpc = GrpcTransport(connect_timeout_s=routing.connect_timeout_s)
-    # Each backend by its URL's scheme: http(s):// over the session, grpc:// over gRPC.
-    app[state.TRANSPORT] = SchemeTransport({"http": http, "https": http, "grpc": grpc})
+    # Each backend by its URL's scheme: http(s):// over the session (http:// over the lean
+    # client when ``routing.http_client`` says so), grpc:// over gRPC.
+    plain: Transport = http
+    if routing.http_client == "lean":
+        plain = LeanTransport(pool_size=routing.pool_size,
+                              connect_timeout_s=routing.connect_timeout_s)
+    app[state.TRANSPORT] = SchemeTransport({"http": plain, "https": http, "grpc": grpc})
     try:
         yield
     finally:

@@ -150,6 +150,10 @@ class RoutingSettings:
     """Keep-alive connections per process (the one client session's pool), in total and per
     backend; keep it above ``admission.tier_concurrency`` so health checks never wait behind
     traffic for a connection."""
+    http_client: str = "aiohttp"
+    """The client of ``http://`` backends: ``aiohttp`` (one pooled ``ClientSession``) or ``lean``
+    (gateway/upstream/lean.py: an asyncio protocol per kept-alive connection and httptools'
+    parser, fewer instructions per call). ``https://`` backends always use aiohttp."""
     # Retry policy (Envoy: the route's ``retry_policy`` and the cluster's ``retry_budget``).
     retry: bool = True
     """The retry policy's switch: false sends every request to one backend only."""
@@ -211,6 +215,7 @@ class RoutingSettings:
         if self.max_inflight_per_backend is not None:
             check.at_least("max_inflight_per_backend", self.max_inflight_per_backend, 1)
         check.at_least("pool_size", self.pool_size, 1)
+        check.one_of("http_client", self.http_client, ("aiohttp", "lean"))
         check.boolean("retry", self.retry)
         object.__setattr__(self, "retry_on", _retry_on(self.retry_on))
         object.__setattr__(self, "retriable_status_codes",

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from gateway.errors import BadGateway, DeadlineExceeded, GatewayError, Overloaded
-from gateway.upstream import InferResult, Request
+from gateway.upstream import AiohttpTransport, InferResult, Request
 from gateway.upstream.health import HealthChecker
 from tests.gateway.routing.oip_fake import fake_embedding
 from tests.gateway.upstream.upstream_rig import Build
@@ -209,7 +209,7 @@ async def test_killing_the_near_backend_mid_stream_fails_no_request(build: Build
     near.delay_s = far.delay_s = 0.005
     rig = await build([(near, "a"), (far, "b")], health_interval_s=0.1, health_timeout_s=0.5,
                       base_ejection_s=0.3, consecutive_gateway_failure=2)
-    checker = HealthChecker(rig.router, rig.transport.session, rig.settings, models=("minilm",))
+    checker = HealthChecker(rig.router, rig.transport, rig.settings, models=("minilm",))
     await checker.start()
     served: dict[int, str] = {}
     failures: list[BaseException] = []
@@ -318,7 +318,8 @@ async def test_a_try_is_bounded_by_its_own_scope_not_an_aiohttp_timer_per_call(
     new ``ClientTimeout`` and a total timer per call (issue 24). Health checks and other
     unbounded callers keep their per-call total."""
     backend = await fakes()
-    rig = await build([(backend, "a")])
+    rig = await build([(backend, "a")], http_client="aiohttp")
+    assert isinstance(rig.transport, AiohttpTransport)
     seen: list[Any] = []
     request = rig.transport.session.request
 

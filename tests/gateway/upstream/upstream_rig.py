@@ -29,6 +29,8 @@ from gateway.upstream import AiohttpTransport, InferResult, Upstream
 from gateway.upstream.admission.adaptive import AdaptiveSettings
 from gateway.upstream.admission.control import Admission
 from gateway.upstream.admission.settings import AdmissionSettings
+from gateway.upstream.lean import LeanTransport
+from gateway.upstream.transport import Transport
 from tests.conftest import free_port
 from tests.gateway.routing.oip_fake import FakeBackend
 
@@ -42,7 +44,8 @@ class Rig:
     admission: Admission
     settings: RoutingSettings
     registry: CollectorRegistry
-    transport: AiohttpTransport
+    transport: Transport
+    """The client ``routing.http_client`` names, as the app chooses it."""
 
     def metric(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
@@ -77,8 +80,13 @@ async def build() -> AsyncIterator[Build]:
         observer = MetricsObserver(metrics)
         router = Router(specs, settings, observer=observer)
         admission = Admission(admission_settings, observer=observer)
-        transport = AiohttpTransport.create(pool_size=settings.pool_size,
-                                            connect_timeout_s=settings.connect_timeout_s)
+        transport: Transport
+        if settings.http_client == "lean":
+            transport = LeanTransport(pool_size=settings.pool_size,
+                                      connect_timeout_s=settings.connect_timeout_s)
+        else:
+            transport = AiohttpTransport.create(pool_size=settings.pool_size,
+                                                connect_timeout_s=settings.connect_timeout_s)
         cleanups.append(transport.close)
         upstream = Upstream(transport, router, admission, settings,
                             observer=observer)
