@@ -150,7 +150,7 @@ class RoutingSettings:
     """Keep-alive connections per process (the one client session's pool), in total and per
     backend; keep it above ``admission.tier_concurrency`` so health checks never wait behind
     traffic for a connection."""
-    http_client: str = "aiohttp"
+    http_client: str = "lean"
     """The client of ``http://`` backends: ``aiohttp`` (one pooled ``ClientSession``) or ``lean``
     (gateway/upstream/lean.py: an asyncio protocol per kept-alive connection and httptools'
     parser, fewer instructions per call). ``https://`` backends always use aiohttp."""

@@ -19,7 +19,7 @@ from gateway.upstream.transport import AiohttpTransport, SchemeTransport
 def _session_closed(app: object) -> bool:
     transport = app[state.TRANSPORT]  # type: ignore[index]
     assert isinstance(transport, SchemeTransport)
-    rest = transport.by_scheme["http"]
+    rest = transport.by_scheme["https"]  # http:// is the lean client; https:// keeps the session
     assert isinstance(rest, AiohttpTransport)
     return bool(rest.session.closed)
 

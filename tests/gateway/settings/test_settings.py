@@ -201,7 +201,7 @@ def sample(setting: Setting) -> tuple[object, object, str]:
         "logging.access_log": ("sampled", "sampled", "sampled"),
         "routing.retry_on": (("5xx", "reset"), ["5xx", "reset"], "5xx,reset"),
         "routing.retriable_status_codes": ((502, 504), [502, 504], "502,504"),
-        "routing.http_client": ("lean", "lean", "lean"),
+        "routing.http_client": ("aiohttp", "aiohttp", "aiohttp"),
     }
     if setting.path in special:
         return special[setting.path]
