@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -67,15 +67,15 @@ async def fetch(unit: Unit, upstream: Upstream, ctx: RequestContext, model: str,
 async def _fetch_texts(upstream: Upstream, ctx: RequestContext, model: str,
                        texts: list[str]) -> FetchResult:
     batches = backend_batches(texts)
+
+    def call(part: list[str]) -> Coroutine[Any, Any, InferResult]:
+        return upstream.infer_texts(model, part, request_id=ctx.request_id, deadline=ctx.deadline,
+                                    tenant=ctx.tenant, priority=ctx.priority, route=ctx.route)
+
     if len(batches) == 1:  # the common case: awaited here, without a task and a gather
-        parts: Sequence[InferResult] = [await upstream.infer_texts(
-            model, texts, request_id=ctx.request_id, deadline=ctx.deadline, tenant=ctx.tenant,
-            priority=ctx.priority, route=ctx.route)]
+        parts: Sequence[InferResult] = [await call(batches[0])]
     else:
-        parts = await asyncio.gather(*(
-            upstream.infer_texts(model, part, request_id=ctx.request_id, deadline=ctx.deadline,
-                                 tenant=ctx.tenant, priority=ctx.priority, route=ctx.route)
-            for part in batches))
+        parts = await asyncio.gather(*(call(part) for part in batches))
     items: list[Fetched] = []
     for part in parts:
         n = len(part.embeddings)

@@ -246,3 +246,13 @@ def test_evaluate_groups_scopes_by_the_rule() -> None:
     assert evaluate_groups(shared, tenant="acme", **args).scope == "shared"
     assert evaluate_groups(one_rule(), tenant="acme", **args).scope == "acme"
     assert evaluate_groups(shared, tenant="acme", **args).policy_version == shared.version
+
+
+def test_a_single_fields_errors_name_that_field() -> None:
+    """One group (an OIP input tensor, /v1/embeddings' ``input``) takes the short path: its
+    errors still name the request's own field."""
+    p = one_rule(normalization=Normalization(max_items=2))
+    with pytest.raises(ValidationFailed) as info:
+        evaluate_groups(p, route="/v2/models/m/infer", model="m", tenant="t", headers={},
+                        groups=[("text_input", ["a", "b", "c"])])
+    assert info.value.field == "text_input"
