@@ -186,14 +186,20 @@ class _Pool:
         self.closed = False
         """The transport closed: connections still busy are closed when they come back."""
 
-    async def acquire(self, fresh: bool = False) -> _Conn:
+    def _reuse(self) -> _Conn | None:
+        """The most recently idle connection still open (closed ones are counted out)."""
         idle = self.idle
-        while idle and not fresh:
+        while idle:
             conn = idle.pop()
             if not conn.closed:
                 conn.reused = True
                 return conn
             self.open -= 1
+        return None
+
+    async def acquire(self, fresh: bool = False) -> _Conn:
+        if not fresh and (conn := self._reuse()) is not None:
+            return conn
         while self.open >= self.limit:
             waiter = asyncio.get_running_loop().create_future()
             self.waiters.append(waiter)
@@ -203,12 +209,8 @@ class _Pool:
                 if waiter.done() and not waiter.cancelled():
                     self._wake()  # pass the turn on
                 raise
-            while idle and not fresh:
-                conn = idle.pop()
-                if not conn.closed:
-                    conn.reused = True
-                    return conn
-                self.open -= 1
+            if not fresh and (conn := self._reuse()) is not None:
+                return conn
         self.open += 1
         try:
             return await self._connect()
