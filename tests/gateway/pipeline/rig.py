@@ -19,10 +19,12 @@ import xxhash
 
 from gateway.adapters.oip import parse_oip
 from gateway.adapters.texts import parse_classify, parse_embeddings, parse_rank
+from gateway.cache.keys import CacheKey
 from gateway.cache.memory import MemoryCache
 from gateway.cache.tiered import TieredCache
 from gateway.pipeline import Call, Pipeline, Result
 from gateway.pipeline.context import CacheDirectives, RequestContext
+from gateway.pipeline.singleflight import SingleFlight
 from gateway.policy.store import PolicyStore
 from gateway.routing import BackendSpec, Router, RoutingSettings
 from gateway.telemetry.observer import NullObserver
@@ -174,3 +176,47 @@ async def build(route: str, policy: Path) -> Rig:
     pipeline = Pipeline(policies=policies, cache=TieredCache(l1, None), upstream=upstream,
                         model_version=lambda _m: "1", observer=NullObserver(), clock=clock)
     return Rig(pipeline, model, clock, policies, l1, route)
+
+
+def watch_joins(rig: Rig) -> asyncio.Event:
+    """An event set when a request joins another's flight."""
+    joined = asyncio.Event()
+    flights: SingleFlight[CacheKey, object] = rig.pipeline.flights  # type: ignore[assignment]
+    join = flights.join
+
+    async def joining(fut: asyncio.Future[object]) -> object:
+        joined.set()
+        return await join(fut)
+
+    flights.join = joining  # type: ignore[method-assign]
+    return joined
+
+
+async def in_backend(rig: Rig, calls: int) -> None:
+    """Until the fake model has been called ``calls`` times (ordering, not timing)."""
+    for _ in range(1000):  # a request reaches the backend within a few loop turns
+        if rig.model.calls >= calls:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the request never reached the backend")
+
+
+async def orphaned_follower(rig: Rig, text: str, *, tenant: str = "public",
+                            ) -> asyncio.Task[tuple[Result, bytes]]:
+    """Two identical requests of ``tenant``: the first leads the flight and is cancelled inside
+    the backend call while the second waits on it. Returns the second, still running: it
+    fetches the text itself once ``rig.model.gate`` (set here, left closed) opens."""
+    rig.model.gate = asyncio.Event()
+    joined = watch_joins(rig)
+    leader = asyncio.create_task(rig.ask(text, tenant=tenant))
+    await in_backend(rig, rig.model.calls + 1)
+    follower = asyncio.create_task(rig.ask(text, tenant=tenant))
+    await asyncio.wait_for(joined.wait(), 5)
+    leader.cancel()
+    try:
+        await leader
+    except asyncio.CancelledError:
+        pass
+    else:
+        raise AssertionError("the leader was answered, not cancelled")
+    return follower

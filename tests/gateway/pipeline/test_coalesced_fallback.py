@@ -18,8 +18,7 @@ import pytest
 from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey
 from gateway.pipeline import Result
-from gateway.pipeline.singleflight import SingleFlight
-from tests.gateway.pipeline.rig import ROUTES, Rig, build, write_policy
+from tests.gateway.pipeline.rig import ROUTES, Rig, build, orphaned_follower, write_policy
 
 PII = "write to jane.doe@example.com please"
 CLEAN = "a perfectly ordinary sentence"
@@ -46,29 +45,10 @@ def record_stores(rig: Rig) -> list[CacheKey]:
 async def leader_cancelled(rig: Rig, text: str, *, tenant: str) -> tuple[Result, bytes]:
     """Two identical requests of ``tenant``: the first leads the flight and is cancelled inside
     the backend call while the second waits on it; returns the second's result and body."""
-    gate = asyncio.Event()
-    rig.model.gate = gate
-    joined = asyncio.Event()
-    flights: SingleFlight[CacheKey, object] = rig.pipeline.flights  # type: ignore[assignment]
-    join = flights.join
-
-    async def joining(fut: asyncio.Future[object]) -> object:
-        joined.set()
-        return await join(fut)
-
-    flights.join = joining  # type: ignore[method-assign]
-    leader = asyncio.create_task(rig.ask(text, tenant=tenant))
-    for _ in range(1000):  # the leader reaches the backend within a few loop turns
-        if rig.model.calls:
-            break
-        await asyncio.sleep(0)
-    assert rig.model.calls == 1, "the leader never reached the backend"
-    follower = asyncio.create_task(rig.ask(text, tenant=tenant))
-    await asyncio.wait_for(joined.wait(), 5)
-    leader.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await leader
-    gate.set()
+    follower = await orphaned_follower(rig, text, tenant=tenant)
+    assert rig.model.calls == 1, "the leader was the first to reach the backend"
+    assert rig.model.gate is not None
+    rig.model.gate.set()
     result, body = await asyncio.wait_for(follower, 5)
     rig.model.gate = None
     await rig.pipeline.drain()

@@ -16,42 +16,25 @@ from typing import Any
 import pytest
 
 from gateway.adapters.texts import parse_embeddings
-from gateway.cache.keys import CacheKey
 from gateway.errors import BadGateway, DeadlineExceeded, GatewayError
 from gateway.pipeline import MISS, FetchResult, Result
 from gateway.pipeline import core as pipeline_core
 from gateway.pipeline.context import RequestContext
-from gateway.pipeline.singleflight import SingleFlight
 from gateway.pipeline.vectors import tokens
 from gateway.policy.headers import RequestHeaders
 from gateway.telemetry.observer import NullObserver
 from gateway.upstream.admission.fairqueue import INTERACTIVE
 from gateway.upstream.schedule import Schedule
-from tests.gateway.pipeline.rig import Rig, build, write_policy
+from tests.gateway.pipeline.rig import (
+    Rig,
+    build,
+    in_backend,
+    orphaned_follower,
+    watch_joins,
+    write_policy,
+)
 
 TEXT = "a perfectly ordinary sentence"
-
-
-def watch_joins(rig: Rig) -> asyncio.Event:
-    """An event set when a request joins another's flight."""
-    joined = asyncio.Event()
-    flights: SingleFlight[CacheKey, object] = rig.pipeline.flights  # type: ignore[assignment]
-    join = flights.join
-
-    async def joining(fut: asyncio.Future[object]) -> object:
-        joined.set()
-        return await join(fut)
-
-    flights.join = joining  # type: ignore[method-assign]
-    return joined
-
-
-async def in_backend(rig: Rig, calls: int) -> None:
-    for _ in range(1000):  # a request reaches the backend within a few loop turns
-        if rig.model.calls >= calls:
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the request never reached the backend")
 
 
 async def test_a_follower_answers_with_its_leaders_backend_error(tmp_path: Path) -> None:
@@ -74,15 +57,8 @@ async def test_the_fallbacks_own_failure_is_the_backends_error(tmp_path: Path) -
     """The leader is cancelled; the follower fetches the text itself and the backend fails it:
     the client reads the backend's error, not an internal one."""
     rig = await build("embeddings", write_policy(tmp_path))
-    rig.model.gate = asyncio.Event()
-    joined = watch_joins(rig)
-    leader = asyncio.create_task(rig.ask(TEXT))
-    await in_backend(rig, 1)
-    follower = asyncio.create_task(rig.ask(TEXT))
-    await asyncio.wait_for(joined.wait(), 5)
-    leader.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await leader
+    follower = await orphaned_follower(rig, TEXT)
+    assert rig.model.gate is not None
     rig.model.fail = 500
     rig.model.gate.set()
     with pytest.raises(BadGateway, match="500"):
@@ -92,15 +68,8 @@ async def test_the_fallbacks_own_failure_is_the_backends_error(tmp_path: Path) -
 
 async def test_the_fallbacks_answer_is_a_miss(tmp_path: Path) -> None:
     rig = await build("embeddings", write_policy(tmp_path))
-    rig.model.gate = asyncio.Event()
-    joined = watch_joins(rig)
-    leader = asyncio.create_task(rig.ask(TEXT))
-    await in_backend(rig, 1)
-    follower = asyncio.create_task(rig.ask(TEXT))
-    await asyncio.wait_for(joined.wait(), 5)
-    leader.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await leader
+    follower = await orphaned_follower(rig, TEXT)
+    assert rig.model.gate is not None
     rig.model.gate.set()
     result, _body = await asyncio.wait_for(follower, 5)
     assert [o.status for o in result.outcomes] == [MISS] and result.cache_status == MISS
