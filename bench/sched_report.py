@@ -174,9 +174,7 @@ def _phase_rows(p: Phase) -> list[str]:
         mine = p.of(tenant)
         if not mine:
             continue
-        codes: dict[int, int] = {}
-        for s in mine:
-            codes[s.status] = codes.get(s.status, 0) + 1
+        codes = p.statuses(tenant)
         other = {k: v for k, v in codes.items() if k not in (200, 503)}
         rows.append(
             f"| {p.round} | {p.name} | {p.offered:.0f} | {tenant} | {len(mine)} | "

@@ -42,6 +42,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +145,10 @@ class Phase:
 
     def of(self, tenant: str) -> list[loadgen.Sample]:
         return [s for s in self.result.samples if self.tenant_of(s.index) == tenant]
+
+    def statuses(self, tenant: str) -> dict[int, int]:
+        """How many of ``tenant``'s requests got each status."""
+        return dict(Counter(s.status for s in self.of(tenant)))
 
     def goodput(self, tenant: str) -> float:
         """2xx over sent (``nan`` when it sent nothing)."""
@@ -278,9 +283,7 @@ def report(plan: Plan, capacities: list[float], phases: list[Phase], started: st
             mine = p.of(tenant)
             if not mine:
                 continue
-            codes: dict[int, int] = {}
-            for s in mine:
-                codes[s.status] = codes.get(s.status, 0) + 1
+            codes = p.statuses(tenant)
             other = {k: v for k, v in codes.items() if k not in (200, 503)}
             lines.append(
                 f"| {p.round} | {p.name} | {p.offered:.0f} | {tenant.upper()} | {len(mine)} | "
