@@ -118,10 +118,13 @@ class Plan:
     flood_clients: int = 64
     lines: int = 10_000
     extra: bool = True
+    settings: tuple[tuple[str, str], ...] = ()
+    """Gateway settings over the shipped defaults (``--set KEY=VALUE``; none for the issue's
+    figures)."""
 
     def setup(self) -> Setup:
         return Setup(self.cores, self.rounds, self.duration_s, self.flood, self.flood_clients,
-                     self.lines)
+                     self.lines, self.settings)
 
 
 def parse(argv: Sequence[str]) -> Plan:
@@ -142,7 +145,12 @@ def parse(argv: Sequence[str]) -> Plan:
                         help="skip the extra open-loop variants (A at --flood x C, bulk at 1 C)")
     parser.add_argument("--models", default="models", help="model repository (models)")
     parser.add_argument("--quick", action="store_true", help="1 round of 2 s phases")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a gateway setting over the shipped defaults, e.g. "
+                             "admission.max_wait_factor=2 (repeatable; the report names them)")
     args = parser.parse_args(argv)
+    if any("=" not in item for item in args.set):
+        parser.error("--set: KEY=VALUE")
     try:
         c_clients = tuple(sorted({int(n) for n in args.c_clients.split(",") if n.strip()}))
     except ValueError:
@@ -156,7 +164,8 @@ def parse(argv: Sequence[str]) -> Plan:
                 duration_s=min(args.duration, 2.0) if args.quick else args.duration,
                 flood=args.flood, burst=args.burst, cores=split_cores(),
                 models=Path(args.models), c_clients=c_clients,
-                flood_clients=args.flood_clients, lines=args.lines, extra=not args.no_extra)
+                flood_clients=args.flood_clients, lines=args.lines, extra=not args.no_extra,
+                settings=tuple((k, v) for k, v in (item.split("=", 1) for item in args.set)))
 
 
 def short_text(tag: str, index: int) -> str:
@@ -452,7 +461,8 @@ def main(argv: list[str]) -> int:
             backend = stack.enter_context(services.backend(plan.models, cores=plan.cores.server))
             gateway = stack.enter_context(services.gateway(
                 backend.url, cores=plan.cores.server,
-                settings=gateway_settings(work, services.redis_url(redis))))
+                settings={**gateway_settings(work, services.redis_url(redis)),
+                          **dict(plan.settings)}))
             api = BatchClient(gateway)
             stack.callback(api.http.close)
             api.http.headers["Authorization"] = f"Bearer {KEYS['bulk']}"

@@ -42,6 +42,7 @@ class Setup:
     flood: float
     flood_clients: int
     lines: int
+    settings: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -113,8 +114,9 @@ def report(setup: Setup, calibration: Calibration, rounds: list[Round], started:
         f"{platform.python_version()}. Pinning: {setup.cores.describe()} (backend and gateway "
         "share the server CPU; the Redis the Batch API needs and A's flood process are on the "
         "load generator's). Real MiniLM, one inference thread; gateway shipped defaults with a "
-        "tenants file (a, b, bulk of class batch) and `batch.redis_url` set. Every request a "
-        f"miss. {setup.rounds} round(s) of {setup.duration_s:g} s phases. A's flood: closed "
+        "tenants file (a, b, bulk of class batch) and `batch.redis_url` set"
+        + "".join(f", `{k}: {v}`" for k, v in setup.settings) + ". Every request a miss. "
+        f"{setup.rounds} round(s) of {setup.duration_s:g} s phases. A's flood: closed "
         f"loop on {setup.flood_clients} connections, every answer followed at once by the next "
         f"request. The batch: {setup.lines} one-text lines through /v1/files + /v1/batches "
         "(tenant bulk), cancelled after its phase. CPU columns in cores: gateway + backend, and "

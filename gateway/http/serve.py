@@ -3,6 +3,8 @@ and the body first; the pipeline's answer with its headers last; the tenant's ac
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -71,8 +73,13 @@ async def serve(request: web.Request, route: str,
     """The whole request path of every cached route, in order. Each stage is one line here and
     lives in its own module; the route's adapter is entered twice, to parse and to render.
 
-    tenant -> quota -> body -> hot answer -> parse -> policy -> units and keys -> lookup
-    -> charge -> admission and fetch, store -> render
+    tenant -> quota -> body -> hot answer -> parse -> early refusal -> policy -> units and keys
+    -> lookup -> charge -> admission and fetch, store -> render
+
+    The early refusal: while the tenant's last call had to queue, admission judges this one
+    at once in that tier (upstream/admission/control.py ``refuse_early``), so a tenant past
+    its wait bound or its deadline is told before the policy, keys and lookups (a hit that is
+    not a hot answer included); refusals for its backlog are held (``hold``).
 
     The tenant's request is counted by outcome (ok, rate_limited, shed, error)."""
     started = time.perf_counter()
@@ -97,6 +104,10 @@ async def serve(request: web.Request, route: str,
         if quota is not None:
             ctx.charge = quota.charge
         call = parse(parse_json(body))  # adapters/: parse (400, 404, 422)
+        refusal = app[state.ADMISSION].refuse_early(tenant, ctx.deadline)  # upstream/admission/
+        if refusal is not None:  # the tenant's backlog: refused before the policy and lookups
+            app[state.OBSERVER].shed(refusal.reason)
+            raise refusal
         ctx.add_timing("parse", time.perf_counter() - started)
         pipeline = app[state.PIPELINE]  # pipeline/core.py: the stages between parse and render
         decision = pipeline.decide(ctx, call)  # policy/ (422 when a rule rejects)
@@ -116,11 +127,31 @@ async def serve(request: web.Request, route: str,
     except RateLimited:
         outcome = "rate_limited"
         raise
-    except (Overloaded, DeadlineExceeded):
+    except Overloaded as exc:
+        outcome = "shed"
+        if exc.reason in HELD:
+            await hold(exc, app[state.SETTINGS].admission.refusal_hold_s)
+        raise
+    except DeadlineExceeded:
         outcome = "shed"
         raise
     finally:
         app[state.OBSERVER].tenant_request(tenant, outcome)
+
+
+HELD = frozenset({"wait", "queue_full"})
+"""Refusals for the tenant's own backlog, which ``hold`` delays; never one for the request's
+deadline, which is told at once."""
+
+
+async def hold(refusal: Overloaded, hold_s: float) -> None:
+    """Hold a backlog refusal ``hold_s`` (``admission.refusal_hold_s``), but not past the
+    ``Retry-After`` it carries (whole seconds, at least 1), which the hold shortens: a client
+    that resends at once cannot spin the core on refusals."""
+    pause = min(hold_s, max(1.0, math.ceil(refusal.retry_after_s)))
+    if pause > 0:
+        await asyncio.sleep(pause)
+        refusal.retry_after_s = max(0.0, refusal.retry_after_s - pause)
 
 
 async def admit(request: web.Request, quota: QuotaState) -> None:

@@ -13,7 +13,8 @@ A request either gets a slot at once, waits in its tier's queue, or is shed at o
 - ``wait``: an interactive request's expected wait exceeds ``max_wait_factor`` times the tier's
   recent slot-hold time: under overload the surplus is told at once, and what is admitted waits
   about as long as it would at moderate load (batch-class calls wait up to their deadline; no
-  bound while the adaptive limit probes for minRTT, when the limit is held low on purpose).
+  bound before the adaptive limit's first minRTT probe has ended, when the limit is the floor
+  rather than anything learned; later probes are bounded, reckoned at the probe's limit).
 - ``expired``: the deadline passed while the request was queued; it leaves the queue (504) and
   never reaches a backend.
 
@@ -100,6 +101,9 @@ class Admission:
         self.clock = clock
         self._share = share
         self._tiers: dict[str, _TierQueue] = {}
+        self._backlogs: dict[str, str] = {}
+        """Per tenant whose last call did not get a slot at once: the tier it was judged in
+        (``refuse_early`` judges its next requests there)."""
 
     def _tier(self, tier: str) -> _TierQueue:
         state = self._tiers.get(tier)
@@ -162,7 +166,7 @@ class Admission:
                 weight: float, cls: Priority) -> tuple[Overloaded | None, _Waiter | None]:
         """(why to shed the newcomer, or None; the waiter to shed to make room for it);
         ``weight`` and ``cls``: its tenant's share and its class (``_class``)."""
-        if self._now(state, cls):
+        if self._now(state, cls, tenant):
             return None, None
         queued = len(state.waiters)
         victim = None
@@ -176,17 +180,38 @@ class Admission:
                                   retry_after_s=self._drain_s(state, queued)), None
         ahead = state.waiters.ahead(tenant=tenant, priority=cls, weight=weight)
         wait = self._drain_s(state, ahead + 1)
-        if wait > deadline - self.clock():
+        now = self.clock()
+        # No bound before the first minRTT probe has ended: the limit starts at the floor,
+        # not at anything learned, and a start-up burst is not overload.
+        learning = state.adaptive is not None and not state.adaptive.min_rtt_s
+        bound = (self._max_wait_factor * state.ewma_s
+                 if cls == INTERACTIVE and not learning else 0.0)
+        if wait > deadline - now:
             return Overloaded(f"expected wait {wait * 1000:.0f} ms exceeds the request deadline",
                               reason="deadline", retry_after_s=wait), None
-        bound = self._max_wait_factor * state.ewma_s
-        probing = state.adaptive is not None and state.adaptive.probing
-        if bound and cls == INTERACTIVE and wait > bound and not probing:
+        if bound and wait > bound:
             return Overloaded(f"expected wait {wait * 1000:.0f} ms exceeds "
                               f"{self._max_wait_factor:g} x the tier's service time "
                               f"({state.ewma_s * 1000:.0f} ms)", reason="wait",
-                              retry_after_s=wait), None
+                              retry_after_s=wait - bound), None
         return None, victim
+
+    def refuse_early(self, tenant: str, deadline: float) -> Overloaded | None:
+        """Why an interactive request of ``tenant`` would be shed, judged at its head (before
+        its parse, policy and lookups) by the decision ``acquire`` would make now in the tier
+        where the tenant's last call had to queue or was shed; None to take the full path. A
+        tenant whose last call got a slot at once, or whose tier has no waiter now, costs one
+        dict read. Cache hits of a tenant refused here are refused too (its hot answers are
+        served before this)."""
+        tier = self._backlogs.get(tenant)
+        if tier is None:
+            return None
+        state = self._tiers[tier]
+        if not state.waiters:
+            del self._backlogs[tenant]
+            return None
+        weight, cls = self._class(tenant, INTERACTIVE)
+        return self._decide(tier, state, deadline, tenant, weight, cls)[0]
 
     def try_acquire(self, tier: str, *, tenant: str = PUBLIC) -> Slot | None:
         """A slot only if one is free right now (hedged copies never queue)."""
@@ -213,17 +238,21 @@ class Admission:
         weight, cls = self._class(tenant, priority)
         refusal, victim = self._decide(tier, state, deadline, tenant, weight, cls)
         if refusal is not None:
+            self._backlogs[tenant] = tier
             if record_shed:
                 self._shed(refusal.reason)
             raise refusal
         batch = cls == BATCH
-        if self._now(state, cls):
+        if self._now(state, cls, tenant):
+            if self._backlogs:
+                self._backlogs.pop(tenant, None)
             return self._grant(tier, state, tenant, queued_s=0.0, batch=batch)
         if victim is not None:
             state.waiters.remove(victim)
             victim.future.set_exception(Overloaded(
                 f"upstream queue for tier {tier!r} is full", reason="fair_share",
                 retry_after_s=self._drain_s(state, len(state.waiters) + 1)))
+        self._backlogs[tenant] = tier
         waiter = _Waiter(asyncio.get_running_loop().create_future(), tenant, batch)
         state.waiters.push(waiter, tenant=tenant, priority=cls, weight=weight)
         self._gauges(tier, state)
@@ -255,13 +284,22 @@ class Admission:
                     batch=batch,
                     tenant=tenant)
 
-    def _now(self, state: _TierQueue, cls: Priority) -> bool:
+    def _now(self, state: _TierQueue, cls: Priority, tenant: str = PUBLIC) -> bool:
         """Whether a call of the class gets a slot at once: one is free to it and no waiter
         that would be served first waits (batch waiters held at their share do not count
-        against an interactive call)."""
+        against an interactive call). An interactive call of a tenant that holds no slot
+        also gets one at once while the slots held stay within the limit plus the reserve
+        kept for interactive calls: a quiet tenant goes straight to the backend, whose
+        scheduler puts it before a flooding tenant's calls, instead of waiting for one of
+        the flood's calls to end."""
         if cls == BATCH:
             return not state.waiters and self._free(state, batch=True)
-        return not state.waiters.waiting(INTERACTIVE) and self._free(state, batch=False)
+        if not state.waiters.waiting(INTERACTIVE) and self._free(state, batch=False):
+            return True
+        if tenant in state.holders or state.waiters.queued_of(tenant, INTERACTIVE):
+            return False
+        limit = self._limit_of(state)
+        return state.active < limit + _interactive_reserve(limit)
 
     def _free(self, state: _TierQueue, batch: bool) -> bool:
         """Whether a call of the class may take a slot now: under the limit and, for a

@@ -96,6 +96,11 @@ class FairQueue(Generic[T]):
                     out[tenant] = out.get(tenant, 0) + len(flow.items)
         return out
 
+    def queued_of(self, tenant: str, priority: Priority) -> int:
+        """How many waiters of ``tenant`` wait in the class."""
+        flow = self._classes[priority].flows.get(tenant)
+        return len(flow.items) if flow is not None else 0
+
     def _tag(self, cls: _Class[T], tenant: str, weight: float) -> float:
         flow = cls.flows.get(tenant)
         last = flow.last if flow is not None else 0.0

@@ -28,6 +28,13 @@ class AdmissionSettings:
     under overload the surplus is told at once, and what is admitted waits about as long as at
     moderate load. 0: no bound but the request's deadline. Batch-class calls wait up to their
     deadline."""
+    refusal_hold_s: float = 0.25
+    """How long a request refused for its tenant's backlog (``wait``, ``queue_full``) is held
+    before its 503 goes out (at most its ``Retry-After``, which is shortened by the hold). A
+    client that resends at once, ignoring ``Retry-After``, then cannot turn refusals into a
+    loop that takes the core the model computes on: a held refusal costs a socket and a
+    timer, not CPU. Refusals for the request's own deadline are never held. 0: answer at
+    once."""
     adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)
     """The adaptive concurrency limit per tier (gateway/upstream/admission/adaptive.py), on by
     default: the calls in flight follow what the backends can use, and the surplus waits in
@@ -37,3 +44,4 @@ class AdmissionSettings:
         check.at_least("tier_concurrency", self.tier_concurrency, 1)
         check.at_least("tier_queue", self.tier_queue, 0)
         check.between("max_wait_factor", self.max_wait_factor, 0, 1000)
+        check.between("refusal_hold_s", self.refusal_hold_s, 0, 60)

@@ -215,19 +215,49 @@ async def test_wait_bound_sheds_interactive_surplus_at_once_and_keeps_batch_wait
     assert admission.inflight("zone") == 0 and admission.queue_depth("zone") == 0
 
 
-async def test_wait_bound_is_off_while_the_adaptive_limit_probes() -> None:
-    """During a minRTT probe the limit is held low on purpose: the queue it builds is not
-    overload, so nothing is shed for waiting."""
+async def test_wait_bound_holds_while_the_adaptive_limit_probes() -> None:
+    """During a minRTT probe the limit is held low; the expected wait is reckoned at that
+    limit, and the wait bound still holds: under overload a probe does not let a queue of
+    several hundred milliseconds build (what the bound was off for, the overload run's p99
+    of ~800 ms came from)."""
+    clock = [0.0]
     admission = Admission(AdmissionSettings(tier_concurrency=64, tier_queue=100,
-                                            max_wait_factor=1.0))
-    held = [await admission.acquire("zone", deadline=later(60)) for _ in range(3)]  # min_limit
+                                            max_wait_factor=1.0), clock=lambda: clock[0])
     tracker = admission.adaptive("zone")
-    assert tracker is not None and tracker.probing
+    assert tracker is not None and tracker.probing and not tracker.min_rtt_s
+    # Before the first probe ends the limit is the floor, nothing learned: no bound yet.
+    held = [await admission.acquire("zone", deadline=60) for _ in range(3)]  # min_limit
     admission.observe(0.1, tier="zone")
-    waiters = [asyncio.create_task(admission.acquire("zone", deadline=later(60)))
-               for _ in range(20)]
+    early = [asyncio.create_task(admission.acquire("zone", deadline=60)) for _ in range(20)]
     await asyncio.sleep(0)
-    assert admission.queue_depth("zone") == 20 and not any(w.done() for w in waiters)
+    assert admission.queue_depth("zone") == 20 and not any(w.done() for w in early)
+    for slot in held:
+        slot.release()
+    for task in early:
+        (await task).release()
+    for _ in range(100):  # calls of 20 ms each until the first probe ends
+        if tracker.min_rtt_s:
+            break
+        slot = await admission.acquire("zone", deadline=60)
+        clock[0] += 0.02
+        slot.release()
+    assert tracker.min_rtt_s and not tracker.probing
+    clock[0] += 60.0  # the next probe is due: the next finished call starts it
+    slot = await admission.acquire("zone", deadline=120)
+    slot.release()
+    assert tracker.probing and tracker.limit == 3
+    admission.observe(0.1, tier="zone")
+    admission.observe(0.1, tier="zone")
+    admission.observe(0.1, tier="zone")
+    held = [await admission.acquire("zone", deadline=120) for _ in range(3)]
+    # One turn is 100 ms / 3 slots: the first three waiters are within 1 x 100 ms.
+    waiters = [asyncio.create_task(admission.acquire("zone", deadline=120))
+               for _ in range(3)]
+    await asyncio.sleep(0)
+    assert admission.queue_depth("zone") == 3 and not any(w.done() for w in waiters)
+    with pytest.raises(Overloaded) as refused:  # the fourth: 133 ms
+        await admission.acquire("zone", deadline=120)
+    assert refused.value.reason == "wait"
     for slot in held:
         slot.release()
     for task in waiters:
