@@ -52,6 +52,11 @@ SERVER_NAME = "edge-backend"
 CPU_CALL_TOKENS = 512
 # On a CPU, expected compute past which a batch takes no more items (settings.py).
 CPU_BATCH_COMPUTE_MS = 10.0
+LOWEST_LEVEL_COMPUTE_MS = 3.0
+"""On the CPU, the compute bound of a batch made of the lowest level's texts alone (batch jobs):
+about two short texts beyond a call's fixed cost, so an interactive request that arrives while
+it computes waits a few milliseconds, not a full batch (issue 23: interactive p99 beside a
+batch)."""
 
 log = logging.getLogger("backend.dataplane")
 
@@ -110,12 +115,17 @@ def schedule_policy(settings: ServeSettings, config_delay_ms: float, queue_size:
     budget_ms = settings.max_batch_compute_ms
     if budget_ms is None:
         budget_ms = CPU_BATCH_COMPUTE_MS if on_cpu else 0.0
+    per_level = settings.priority_batch_compute_ms
+    if per_level is None and on_cpu and settings.priority_levels > 1 and (
+            not budget_ms or budget_ms > LOWEST_LEVEL_COMPUTE_MS):
+        per_level = (budget_ms,) * (settings.priority_levels - 1) + (LOWEST_LEVEL_COMPUTE_MS,)
     return SchedulePolicy.uniform(
         levels=settings.priority_levels,
         max_queue_size=queue_size,
         default_timeout_s=settings.default_timeout_ms / 1000.0,
         queue_sizes=settings.priority_queue_sizes or (),
         timeouts_s=[t / 1000.0 for t in settings.priority_timeouts_ms or ()],
+        batch_compute_s=[t / 1000.0 for t in per_level or ()],
         default_priority=settings.default_priority,
         fair_by=settings.fair_by,
         max_queue_delay_s=(config_delay_ms if delay_ms is None else delay_ms) / 1000.0,

@@ -78,6 +78,11 @@ class ServeSettings:
     # (batching gains 1.3-1.8x there, mostly by batch 4-8 of short texts), unbounded on a GPU;
     # 0: unbounded.
     max_batch_compute_ms: float | None = None
+    # Per level, highest first (a short list repeats its last): the compute bound of a batch
+    # that starts at that level. None: max_batch_compute_ms for every level but, on the CPU,
+    # the lowest, which gets LOWEST_LEVEL_COMPUTE_MS: a batch of batch-job texts alone is kept
+    # short, because an interactive request arriving behind it waits for all of it.
+    priority_batch_compute_ms: tuple[float, ...] | None = None
     # Texts one request may carry (also capped by the model's queue size); 400 beyond it.
     # With texts truncated to the model's max_seq_length (256 tokens for MiniLM), this is also
     # the bound on one request's compute: at most 256 x 256 tokens, so there is no token limit.
@@ -142,6 +147,8 @@ class ServeSettings:
                f"{self.fair_by!r} is not tokens|texts")
         _check(self.max_batch_compute_ms is None or self.max_batch_compute_ms >= 0,
                "max_batch_compute_ms", "must be >= 0")
+        _check(all(t >= 0 for t in self.priority_batch_compute_ms or ()),
+               "priority_batch_compute_ms", "every bound must be >= 0")
         _check(
             self.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
             "log_level", f"{self.log_level!r} is not DEBUG|INFO|WARNING|ERROR|CRITICAL",
@@ -186,7 +193,7 @@ def _coerce(name: str, type_name: str, raw: str) -> Any:
             raise ValueError("not ASCII")
         if name in ("warmup_lengths", "warmup_batch_sizes", "priority_queue_sizes"):
             return tuple(int(part) for part in raw.split(",") if part.strip())
-        if name == "priority_timeouts_ms":
+        if name in ("priority_timeouts_ms", "priority_batch_compute_ms"):
             return tuple(float(part) for part in raw.split(",") if part.strip())
         if type_name.startswith("bool"):
             return raw.strip().lower() in ("1", "true", "yes", "on")

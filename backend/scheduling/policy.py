@@ -22,6 +22,9 @@ class LevelPolicy:
 
     max_queue_size: int
     default_timeout_s: float
+    # The compute bound of a batch that starts at this level (its highest-priority item is of
+    # this level), as ``SchedulePolicy.max_batch_compute_s``; None: that one.
+    max_batch_compute_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,8 +54,16 @@ class SchedulePolicy:
         for level in self.levels:
             if level.max_queue_size < 1 or level.default_timeout_s <= 0:
                 raise ValueError("every level needs a queue size >= 1 and a timeout > 0")
+            if level.max_batch_compute_s is not None and level.max_batch_compute_s < 0:
+                raise ValueError("a level's max_batch_compute must be >= 0")
         if self.max_queue_delay_s < 0 or self.max_batch_compute_s < 0:
             raise ValueError("max_queue_delay and max_batch_compute must be >= 0")
+
+    def budget_of(self, level: int) -> float:
+        """The compute bound of a batch whose highest-priority item is of ``level`` (0-based):
+        the level's own, else ``max_batch_compute_s`` (0: none)."""
+        own = self.levels[level].max_batch_compute_s
+        return self.max_batch_compute_s if own is None else own
 
     def level_of(self, priority: int) -> int:
         """The 0-based level serving ``priority`` (0: the default; past the lowest: lowest)."""
@@ -65,13 +76,17 @@ class SchedulePolicy:
     @classmethod
     def uniform(cls, *, levels: int = 1, max_queue_size: int, default_timeout_s: float,
                 queue_sizes: Sequence[int] = (), timeouts_s: Sequence[float] = (),
+                batch_compute_s: Sequence[float] = (),
                 **options: object) -> SchedulePolicy:
-        """``levels`` levels with the same bound and timeout unless ``queue_sizes`` or
-        ``timeouts_s`` give them per level (highest first; a short list repeats its last)."""
+        """``levels`` levels with the same bound and timeout unless ``queue_sizes``,
+        ``timeouts_s`` or ``batch_compute_s`` give them per level (highest first; a short list
+        repeats its last; no ``batch_compute_s``: every level uses ``max_batch_compute_s``)."""
         def pick(values: Sequence[float], index: int, default: float) -> float:
             return values[min(index, len(values) - 1)] if values else default
 
         return cls(levels=tuple(
             LevelPolicy(max_queue_size=int(pick(queue_sizes, i, max_queue_size)),
-                        default_timeout_s=pick(timeouts_s, i, default_timeout_s))
+                        default_timeout_s=pick(timeouts_s, i, default_timeout_s),
+                        max_batch_compute_s=(batch_compute_s[min(i, len(batch_compute_s) - 1)]
+                                             if batch_compute_s else None))
             for i in range(levels)), **options)  # type: ignore[arg-type]

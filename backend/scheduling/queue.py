@@ -213,8 +213,8 @@ class ScheduleQueue:
         dropped: list[Ticket] = []
         tokens = 0
         tightest = float("inf")
-        budget = self.policy.max_batch_compute_s
-        for level in self.levels:
+        budget = -1.0  # the bound of the level the batch starts at (policy.budget_of)
+        for index, level in enumerate(self.levels):
             while len(batch) < max_items:
                 slot = level.head()
                 if slot is None:
@@ -224,6 +224,8 @@ class ScheduleQueue:
                     self.remove(req)
                     dropped.append(req)
                     continue
+                if budget < 0:
+                    budget = self.policy.budget_of(index)
                 expected = cost.estimate(tokens + slot.size)
                 if batch and (now + expected > min(tightest, req.deadline)
                               or (budget and expected - cost.overhead_s > budget)):

@@ -150,6 +150,33 @@ def test_batches_are_bounded_in_expected_compute_but_take_one_item_at_least() ->
     assert 1 in sizes and sum(sizes) == 8
 
 
+def test_a_batch_starting_at_a_level_takes_that_levels_compute_bound() -> None:
+    """Per level bounds (issue 23): a batch of the lowest level's items alone stops at that
+    level's short bound; one that starts at a higher level is bounded by that level's, and
+    the lowest level's items fill its room."""
+    queue = ScheduleQueue(SchedulePolicy.uniform(
+        levels=3, max_queue_size=100, default_timeout_s=10.0, max_batch_compute_s=0.035,
+        batch_compute_s=[0.035, 0.035, 0.015]))
+    feed = Feed(queue)
+    feed.push(*(f"low{i}" for i in range(10)), level=2, size=10)
+    assert names(queue.take(0.0, 32, taught(0.001))[0]) == ["low0"]  # 2 x 10 ms > 15 ms
+    feed.push("high", level=0, size=10)
+    assert names(queue.take(0.0, 32, taught(0.001))[0]) == ["high", "low1", "low2"]
+    assert queue.policy.budget_of(2) == 0.015 and queue.policy.budget_of(0) == 0.035
+
+
+def test_per_level_bounds_default_to_the_policy_bound_and_reject_negatives() -> None:
+    policy = SchedulePolicy.uniform(levels=2, max_queue_size=10, default_timeout_s=1.0,
+                                    max_batch_compute_s=0.01)
+    assert [policy.budget_of(i) for i in range(2)] == [0.01, 0.01]
+    short = SchedulePolicy.uniform(levels=3, max_queue_size=10, default_timeout_s=1.0,
+                                   batch_compute_s=[0.02, 0.0])  # a short list repeats its last
+    assert [short.budget_of(i) for i in range(3)] == [0.02, 0.0, 0.0]
+    with pytest.raises(ValueError, match="max_batch_compute"):
+        SchedulePolicy.uniform(levels=1, max_queue_size=10, default_timeout_s=1.0,
+                               batch_compute_s=[-1.0])
+
+
 def test_tokens_ahead_counts_higher_levels_and_a_fair_share_of_its_own() -> None:
     queue = make_queue()
     feed = Feed(queue)
@@ -196,3 +223,25 @@ def test_one_call_size_alone_splits_its_cost_between_call_and_tokens() -> None:
     # Not all per token: a batch twice as large is expected to cost 1.5x, not 2x, so the
     # compute bound lets batches grow and show what they really cost.
     assert cost.estimate(20) == pytest.approx(0.006)
+
+
+def test_the_backend_keeps_the_lowest_levels_batches_short_on_the_cpu() -> None:
+    """``schedule_policy`` as shipped: on the CPU every level is bounded at 10 ms but the
+    lowest (batch jobs), at 3 ms; on a GPU nothing is bounded; a setting (environment or flag)
+    gives every level its own."""
+    from backend.dataplane import schedule_policy
+    from backend.settings import ServeSettings
+
+    cpu = schedule_policy(ServeSettings.from_env(environ={}), 0.0, 100, on_cpu=True)
+    assert [cpu.budget_of(i) for i in range(3)] == [0.010, 0.010, 0.003]
+    gpu = schedule_policy(ServeSettings.from_env(environ={}), 0.0, 100, on_cpu=False)
+    assert [gpu.budget_of(i) for i in range(3)] == [0.0, 0.0, 0.0]
+    given = ServeSettings.from_env(environ={"BACKEND_PRIORITY_BATCH_COMPUTE_MS": "20,5"})
+    assert given.priority_batch_compute_ms == (20.0, 5.0)
+    policy = schedule_policy(given, 0.0, 100, on_cpu=True)
+    assert [policy.budget_of(i) for i in range(3)] == [0.020, 0.005, 0.005]
+    one_level = ServeSettings.from_env(environ={"BACKEND_PRIORITY_LEVELS": "1",
+                                                "BACKEND_DEFAULT_PRIORITY": "1"})
+    assert schedule_policy(one_level, 0.0, 100, on_cpu=True).budget_of(0) == 0.010
+    with pytest.raises(ValueError, match="priority_batch_compute_ms"):
+        ServeSettings.from_env(environ={"BACKEND_PRIORITY_BATCH_COMPUTE_MS": "-1"})
