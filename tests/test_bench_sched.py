@@ -69,8 +69,13 @@ def test_the_plan_and_the_quick_mode() -> None:
     assert quick.rounds == 1 and quick.duration_s == 2.0 and quick.lines == 10_000
     other = sched.parse(["--c-clients", "32,4", "--flood-clients", "16", "--no-extra"])
     assert (other.c_clients, other.flood_clients, other.extra) == ((4, 32), 16, False)
+    assert plan.settings == ()
+    tuned = sched.parse(["--set", "admission.max_wait_factor=1", "--set", "a.b=x=y"])
+    assert tuned.settings == (("admission.max_wait_factor", "1"), ("a.b", "x=y"))
+    text = report(tuned.setup(), Calibration(), [], "now")
+    assert "`batch.redis_url` set, `admission.max_wait_factor: 1`, `a.b: x=y`. Every" in text
     for bad in (["--c-clients", "8,x"], ["--c-clients", "0"], ["--lines", "50001"],
-                ["--flood-clients", "0"]):
+                ["--flood-clients", "0"], ["--set", "novalue"]):
         with pytest.raises(SystemExit):
             sched.parse(bad)
 
