@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
@@ -31,20 +32,31 @@ from tests.gateway.routing.oip_fake import FakeBackend
 A_KEY, B_KEY = "early-refusal-key-a-01", "early-refusal-key-b-01"
 
 
+async def gateway_for(backend: FakeBackend, aiohttp_client: Any, *, concurrency: int,
+                      wait_factor: float) -> tuple[web.Application, Any]:
+    """The real app with tenants a and b in front of ``backend``: a fixed limit of
+    ``concurrency``, a queue of 50, the wait bound ``wait_factor``, no retries, no node tier."""
+    settings = load_settings(None, {
+        "backends": [backend.url], "admission.tier_concurrency": concurrency,
+        "admission.tier_queue": 50, "admission.max_wait_factor": wait_factor,
+        "admission.adaptive.enabled": False, "cache.node.enabled": False,
+        "routing.health_interval_s": 0.5, "routing.retry": False}, environ={})
+    tenants = Tenants.from_mapping({"a": [key_digest(A_KEY)], "b": [key_digest(B_KEY)]})
+    app = create_app(settings, registry=CollectorRegistry(), tenants=tenants)
+    return app, await aiohttp_client(TestServer(app))
+
+
+def tier_of(app: web.Application) -> str:
+    """The one backend's tier."""
+    tier: str = app[state.ROUTER].tiers()[0][0]
+    return tier
+
+
 async def test_a_backlogged_tenant_is_refused_at_its_head_and_held(
         aiohttp_client: Any, fakes: Callable[..., Awaitable[FakeBackend]],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    backend = await fakes()
-    settings = load_settings(None, {
-        "backends": [backend.url], "admission.tier_concurrency": 2, "admission.tier_queue": 50,
-        "admission.max_wait_factor": 2, "admission.adaptive.enabled": False,
-        "cache.node.enabled": False, "routing.health_interval_s": 0.5,
-        "routing.retry": False}, environ={})
-    tenants = Tenants.from_mapping({"a": [key_digest(A_KEY)], "b": [key_digest(B_KEY)]})
-    app = create_app(settings, registry=CollectorRegistry(), tenants=tenants)
-    client = await aiohttp_client(TestServer(app))
-    admission = app[state.ADMISSION]
-    tier = app[state.ROUTER].tiers()[0][0]
+    app, client = await gateway_for(await fakes(), aiohttp_client, concurrency=2, wait_factor=2)
+    settings, admission, tier = app[state.SETTINGS], app[state.ADMISSION], tier_of(app)
 
     decided: list[str] = []
     pipeline = app[state.PIPELINE]
@@ -115,17 +127,8 @@ async def test_a_backlogged_tenant_is_refused_at_its_head_and_held(
 async def test_a_refusal_for_the_request_deadline_is_not_held(
         aiohttp_client: Any, fakes: Callable[..., Awaitable[FakeBackend]],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    backend = await fakes()
-    settings = load_settings(None, {
-        "backends": [backend.url], "admission.tier_concurrency": 1, "admission.tier_queue": 50,
-        "admission.max_wait_factor": 0, "admission.adaptive.enabled": False,
-        "cache.node.enabled": False, "routing.health_interval_s": 0.5,
-        "routing.retry": False}, environ={})
-    tenants = Tenants.from_mapping({"a": [key_digest(A_KEY)]})
-    app = create_app(settings, registry=CollectorRegistry(), tenants=tenants)
-    client = await aiohttp_client(TestServer(app))
-    admission = app[state.ADMISSION]
-    tier = app[state.ROUTER].tiers()[0][0]
+    app, client = await gateway_for(await fakes(), aiohttp_client, concurrency=1, wait_factor=0)
+    admission, tier = app[state.ADMISSION], tier_of(app)
     held: list[str] = []
 
     async def hold(refusal: Overloaded, hold_s: float) -> None:
