@@ -38,6 +38,7 @@ from gateway.cache.deployment import Deployment
 from gateway.cache.entry import CacheCorrupt, Entry
 from gateway.cache.keys import CacheKey
 from gateway.cache.nodeadmit import NodeAdmission
+from gateway.cache.nodesampled import SampledStore
 from gateway.cache.nodestore import (
     GenerationStore,
     KeyBytes,
@@ -107,7 +108,9 @@ class NodeCache(NodeWriter):
         self._namespace = namespace
         self._identity = model_identity
         self._observer: Observer = observer or NullObserver()
-        self._store = GenerationStore(self.path, settings.max_bytes)
+        self._store: GenerationStore | SampledStore = (
+            SampledStore(self.path, settings.max_bytes, clock=clock)
+            if settings.eviction == "sampled" else GenerationStore(self.path, settings.max_bytes))
         try:
             self._admit = (NodeAdmission.open(self.path, self._store.map_size)
                            if settings.admission else None)
