@@ -113,8 +113,8 @@ def replay_node(keys: list[CacheKey], sizes: np.ndarray, *, max_bytes: int,
     return hits, peak
 
 
-def _flush(store: GenerationStore | SampledStore, admit: NodeAdmission | None, pending: dict[bytes, bytes],
-           promotes: list[bytes]) -> int:
+def _flush(store: GenerationStore | SampledStore, admit: NodeAdmission | None,
+           pending: dict[bytes, bytes], promotes: list[bytes]) -> int:
     """Write one batch as the writer thread would; returns the entries held before any
     rotation it caused (the tier's high-water mark)."""
     puts = list(pending.items())

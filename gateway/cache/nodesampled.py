@@ -144,7 +144,8 @@ class SampledStore:
         return pages * self.psize
 
     def _bytes(self, txn: lmdb.Transaction) -> int:
-        return int(_BYTES.unpack(txn.get(b"bytes", db=self._meta))[0])
+        found = txn.get(b"bytes", db=self._meta)
+        return 0 if found is None else int(_BYTES.unpack(bytes(found))[0])
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -219,12 +220,12 @@ class SampledStore:
         best: tuple[int, float] | None = None
         victim: KeyBytes | None = None
         for _ in range(self.samples):
-            if not cursor.set_range(self._random.getrandbits(128).to_bytes(16, "little")):
-                if not cursor.first():
-                    return None, 0
+            probe = self._random.getrandbits(128).to_bytes(16, "little")
+            if not cursor.set_range(probe) and not cursor.first():
+                return None, 0  # empty
             raw = _raw(bytes(cursor.key()))
             value = txn.get(raw, db=self._db)
-            deadline = unpack_deadline(value) if value is not None else float("nan")
+            deadline = unpack_deadline(bytes(value)) if value is not None else float("nan")
             if not deadline > now:
                 rank: tuple[int, float] = (-1, 0.0)
             else:

@@ -16,8 +16,8 @@ from gateway.cache.base import CacheTier
 from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey, derive_key, scope_tag
 from gateway.cache.node import NodeCache
-from gateway.cache.nodestore import encode_key, pack
 from gateway.cache.nodesampled import SampledStore
+from gateway.cache.nodestore import encode_key, pack
 from gateway.cache.settings import NodeCacheSettings, default_node_path
 from gateway.telemetry.observer import NullObserver
 
