@@ -74,6 +74,13 @@ def l1_bytes(sizes: np.ndarray) -> np.ndarray:
     return sizes + ENTRY_OVERHEAD
 
 
+def node_entry_bytes(size: int) -> int:
+    """What one entry of an answer of ``size`` bytes takes in the node tier (key + value)."""
+    raw = encode_key(cache_keys(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int8))[0])
+    assert raw is not None
+    return len(raw) + len(pack(NOW + TTL, Entry(bytes(size), NOW, TTL).encode()))
+
+
 def replay_node(keys: list[CacheKey], sizes: np.ndarray, *, max_bytes: int,
                 admission: bool, eviction: str = "generations") -> tuple[np.ndarray, int]:
     """Hit flags of the node tier with a map of ``max_bytes``, and the most entries it held;
