@@ -167,6 +167,7 @@ class SampledStore:
                     txn.delete(_id(raw), db=self._ids)
             stored = evicted = rejected = 0
             cursor = txn.cursor(db=self._ids)
+            fresh: set[KeyBytes] = set()  # new keys written here: never this write's victims
             peak = 0  # entries held after each new one is in (before the page guard)
             for raw, value in puts:
                 size = len(raw) + len(value)
@@ -183,6 +184,8 @@ class SampledStore:
                     victim, count = self._victim(txn, cursor, admit)
                     if victim is None:
                         break
+                    if victim in fresh:
+                        continue  # written by this transaction: another sample
                     if admit is not None and count >= 0 and admit.estimate(raw) <= count:
                         ok = False
                         break
@@ -195,6 +198,7 @@ class SampledStore:
                     continue
                 txn.put(raw, value, db=self._db)
                 txn.put(_id(raw), b"", db=self._ids)
+                fresh.add(raw)
                 used += size
                 peak = max(peak, int(txn.stat(self._db)["entries"]))
                 stored += 1
@@ -205,6 +209,8 @@ class SampledStore:
                 victim, _count = self._victim(txn, cursor, None)
                 if victim is None:
                     break
+                if victim in fresh:
+                    continue  # what this transaction wrote stays readable after it
                 used -= self._evict(txn, victim)
                 evicted += 1
             txn.put(b"bytes", _BYTES.pack(max(0, used)), db=self._meta)

@@ -245,3 +245,15 @@ def test_settings_choose_the_store() -> None:
     with pytest.raises(SettingsError):
         NodeCacheSettings(eviction="lru")
     assert nodesampled.SAMPLES >= 1
+
+
+def test_a_write_never_evicts_what_it_just_wrote(tmp_path: Path) -> None:
+    store = open_store(tmp_path, MiB)
+    try:
+        fill(store, capacity(store))
+        for n in range(200):  # full, with mixed sizes: the bytes loop and the page guard evict
+            puts = [(raw(70_000 + n * 3 + j), value(size=300 + 1900 * j)) for j in range(3)]
+            store.write(puts)
+            assert all(v is not None for v in store.read([r for r, _ in puts])[0]), n
+    finally:
+        store.close()
