@@ -29,6 +29,7 @@ import numpy as np
 
 from bench import hitoptimal, hitplot, hitreplay, hittraces
 from bench.procs import busy_seconds
+from gateway.cache.nodesampled import SampledStore
 
 FULL_CAPS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 QUICK_CAPS = (0.01, 0.05, 0.1)
@@ -41,12 +42,20 @@ NODE_MIN_ENTRIES = 200
 
 
 def node_entries_per_byte() -> float:
-    """Most entries the node tier holds per byte of map, for one-vector answers."""
+    """Most entries the generations' node tier holds per byte of map, for one-vector answers."""
     keys = np.arange(20_000, dtype=np.int64)
     ckeys = hitreplay.cache_keys(keys, np.zeros(len(keys), dtype=np.int8))
     _, peak = hitreplay.replay_node(ckeys, np.full(len(keys), UNIFORM), max_bytes=CALIBRATE_MAP,
-                                    admission=False)
+                                    admission=False, eviction="generations")
     return peak / CALIBRATE_MAP
+
+
+def node_map(entries: int, per_byte: float, eviction: str) -> int:
+    """The map for ``entries`` one-vector answers: the sampled store's budget holds exactly
+    that many (its peak); the generations' peak is ``per_byte`` from a calibration run."""
+    if eviction == "sampled":
+        return SampledStore.map_for(entries * hitreplay.node_entry_bytes(UNIFORM))
+    return int(entries / per_byte)
 
 
 def run_trace(trace: hittraces.Trace, caps: Sequence[float], node_caps: Sequence[float],
@@ -76,9 +85,11 @@ def run_trace(trace: hittraces.Trace, caps: Sequence[float], node_caps: Sequence
             row["oracle others"] = hitoptimal.oracle(trace.keys, c)[trace.tenants != 0].mean()
         if frac in node_caps and c >= NODE_MIN_ENTRIES:
             for adm, tag in ((False, "node"), (True, "node+tlfu")):
-                hits, _ = hitreplay.replay_node(keys, uniform, max_bytes=int(c / per_byte),
-                                                admission=adm)
-                row[tag] = hits.mean()
+                for ev, suffix in (("sampled", ""), ("generations", " gens")):
+                    hits, _ = hitreplay.replay_node(
+                        keys, uniform, max_bytes=node_map(c, per_byte, ev), admission=adm,
+                        eviction=ev)
+                    row[tag + suffix] = hits.mean()
         row["bytes lru"] = hitoptimal.lru(trace.keys, b, sizes=charged).mean()
         row["bytes belady"] = hitoptimal.belady(trace.keys, b, sizes=charged, nxt=nxt).mean()
         for adm, tag in ((False, "bytes l1"), (True, "bytes l1+tlfu")):
@@ -88,8 +99,8 @@ def run_trace(trace: hittraces.Trace, caps: Sequence[float], node_caps: Sequence
     return rows
 
 
-COLUMNS = ("belady", "oracle", "lru", "l1", "l1+tlfu", "node", "node+tlfu", "bytes belady",
-           "bytes lru", "bytes l1", "bytes l1+tlfu")
+COLUMNS = ("belady", "oracle", "lru", "l1", "l1+tlfu", "node", "node+tlfu", "node gens",
+           "node+tlfu gens", "bytes belady", "bytes lru", "bytes l1", "bytes l1+tlfu")
 
 
 def _line(row: dict[str, float | str]) -> str:
@@ -101,14 +112,14 @@ def _line(row: dict[str, float | str]) -> str:
 def targets(rows: list[dict[str, float | str]]) -> None:
     """The issue's targets: tier / oracle at 1% and 5%; other tenants under one's scan."""
     print("\n| trace | cap | L1 / oracle | L1+tlfu / oracle | node / oracle | node+tlfu / oracle "
-          "| L1+tlfu >= 0.9 | node+tlfu >= 0.9 |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | :---: | :---: |")
+          "| node+tlfu gens / oracle | L1+tlfu >= 0.9 | node+tlfu >= 0.9 |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | :---: |")
     for r in rows:
         if r["cap"] not in (0.01, 0.05) or not str(r["trace"]).startswith(("zipf", "recorded")):
             continue
         o = float(r["oracle"])
         ratios = [float(r[c]) / o if c in r else float("nan")
-                  for c in ("l1", "l1+tlfu", "node", "node+tlfu")]
+                  for c in ("l1", "l1+tlfu", "node", "node+tlfu", "node+tlfu gens")]
         met = ["-" if x != x else ("yes" if x >= 0.9 else "no") for x in (ratios[1], ratios[3])]
         print(f"| {r['trace']} | {float(r['cap']) * 100:g}% | "
               + " | ".join("-" if x != x else f"{x:.2f}" for x in ratios)

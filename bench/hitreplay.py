@@ -25,6 +25,7 @@ from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey
 from gateway.cache.memory import ENTRY_OVERHEAD, MemoryCache
 from gateway.cache.nodeadmit import NodeAdmission
+from gateway.cache.nodesampled import SampledStore
 from gateway.cache.nodestore import GenerationStore, encode_key, pack
 
 NOW = 1_000_000.0
@@ -73,15 +74,25 @@ def l1_bytes(sizes: np.ndarray) -> np.ndarray:
     return sizes + ENTRY_OVERHEAD
 
 
+def node_entry_bytes(size: int) -> int:
+    """What one entry of an answer of ``size`` bytes takes in the node tier (key + value)."""
+    raw = encode_key(cache_keys(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int8))[0])
+    assert raw is not None
+    return len(raw) + len(pack(NOW + TTL, Entry(bytes(size), NOW, TTL).encode()))
+
+
 def replay_node(keys: list[CacheKey], sizes: np.ndarray, *, max_bytes: int,
-                admission: bool) -> tuple[np.ndarray, int]:
-    """Hit flags of the node tier with a map of ``max_bytes``, and the most entries it held."""
+                admission: bool, eviction: str = "generations") -> tuple[np.ndarray, int]:
+    """Hit flags of the node tier with a map of ``max_bytes``, and the most entries it held;
+    ``eviction``: ``generations`` (``GenerationStore``) or ``sampled`` (``SampledStore``)."""
     values = _values(sizes)
     hits = np.zeros(len(keys), dtype=bool)
     peak = 0
     floor, nodestore.MIN_MAP_BYTES = nodestore.MIN_MAP_BYTES, BENCH_MIN_MAP
     with tempfile.TemporaryDirectory(prefix="hitratio-node-") as path:
-        store = GenerationStore(path, max_bytes)
+        store: GenerationStore | SampledStore = (
+            SampledStore(path, max_bytes, clock=lambda: NOW) if eviction == "sampled"
+            else GenerationStore(path, max_bytes))
         admit = NodeAdmission.open(path, store.map_size) if admission else None
         try:
             pending: dict[bytes, bytes] = {}
@@ -109,8 +120,8 @@ def replay_node(keys: list[CacheKey], sizes: np.ndarray, *, max_bytes: int,
     return hits, peak
 
 
-def _flush(store: GenerationStore, admit: NodeAdmission | None, pending: dict[bytes, bytes],
-           promotes: list[bytes]) -> int:
+def _flush(store: GenerationStore | SampledStore, admit: NodeAdmission | None,
+           pending: dict[bytes, bytes], promotes: list[bytes]) -> int:
     """Write one batch as the writer thread would; returns the entries held before any
     rotation it caused (the tier's high-water mark)."""
     puts = list(pending.items())

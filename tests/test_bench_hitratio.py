@@ -99,3 +99,16 @@ def test_a_recorded_trace_file_replays_in_the_table(
     # What the oracle holds is what an L1 of that many entries can reach at most, roughly.
     assert 0 < float(rows[0]["lru"]) <= float(rows[0]["belady"])
     assert float(rows[0]["l1+tlfu"]) <= float(rows[0]["belady"])
+
+
+def test_sampled_node_tier_holds_the_entries_its_map_was_sized_for() -> None:
+    from bench.hitratio import UNIFORM, node_map
+
+    keys = np.arange(3000, dtype=np.int64)
+    ck = hitreplay.cache_keys(np.concatenate([keys, keys]), np.zeros(6000, dtype=np.int8))
+    hits, peak = hitreplay.replay_node(ck, np.full(6000, UNIFORM),
+                                       max_bytes=node_map(500, 1.0, "sampled"),
+                                       admission=False, eviction="sampled")
+    assert 490 <= peak <= 500  # the budget holds the capacity asked for, never more
+    assert hits[:3000].sum() == 0
+    assert 0 < hits[3000:].sum() < 3000

@@ -77,7 +77,7 @@ def open_env(path: str, map_size: int) -> lmdb.Environment:
                     _shrink_alone(real, map_size)
                 # readahead off: lookups are random, and a map bigger than RAM must not evict
                 # the hot set; meminit off: pages are written whole before they are read.
-                env = lmdb.open(real, map_size=map_size, subdir=True, max_dbs=4,
+                env = lmdb.open(real, map_size=map_size, subdir=True, max_dbs=8,
                                 max_readers=MAX_READERS, sync=boot is None, metasync=False,
                                 readahead=False, meminit=False, lock=True)
                 fcntl.flock(users, fcntl.LOCK_SH)

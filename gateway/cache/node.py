@@ -1,7 +1,8 @@
 """The node tier: one cache shared by every worker process of a gateway on a host.
 
 It sits between each worker's small in-process L1 and Redis (L2). Embedded (nothing to run):
-an LMDB environment in a directory (``nodestore.py`` has the layout and the rotation), so
+an LMDB environment in a directory (``cache.node.eviction``: ``nodesampled.py``, one database
+with sampled eviction, the default; or ``nodestore.py``, two rotating generations), so
 it is memory-mapped, bounded in bytes, safe under concurrent readers and writers across
 processes, left intact by a worker killed mid-write, and still there after a restart.
 
@@ -15,7 +16,8 @@ together in one transaction (commits skip fsync: ``lmdbenv.py`` says why that is
 ``flush()`` and ``close()`` wait for every queued write.
 
 Request-path operations never raise: an LMDB error is a miss or a dropped write, counted as a
-``node`` tier error. A full map (``MapFullError``) rotates the generations and retries.
+``node`` tier error. A full map (``MapFullError``) frees room (rotates the generations, or
+evicts an eighth of the entries, sampled) and retries.
 Stale reader slots of dead processes are cleared at open and every ``READER_CHECK_S``
 (nodewriter.py, which holds the write queue and the writer thread).
 """
@@ -38,6 +40,7 @@ from gateway.cache.deployment import Deployment
 from gateway.cache.entry import CacheCorrupt, Entry
 from gateway.cache.keys import CacheKey
 from gateway.cache.nodeadmit import NodeAdmission
+from gateway.cache.nodesampled import SampledStore
 from gateway.cache.nodestore import (
     GenerationStore,
     KeyBytes,
@@ -107,7 +110,9 @@ class NodeCache(NodeWriter):
         self._namespace = namespace
         self._identity = model_identity
         self._observer: Observer = observer or NullObserver()
-        self._store = GenerationStore(self.path, settings.max_bytes)
+        self._store: GenerationStore | SampledStore = (
+            SampledStore(self.path, settings.max_bytes, clock=clock)
+            if settings.eviction == "sampled" else GenerationStore(self.path, settings.max_bytes))
         try:
             self._admit = (NodeAdmission.open(self.path, self._store.map_size)
                            if settings.admission else None)

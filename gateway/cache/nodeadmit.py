@@ -11,12 +11,16 @@ Aging is shared too: each process counts its lookups in batches of up to ``LOCAL
 adds each batch to a counter in the file's header; the process that takes it past the sample
 period halves the table, under an ``flock`` so that two never halve it for the same period.
 
-Admission (``filter``, in the writer's transaction): while the previous generation holds
-entries the tier is full and every new key pushes others out, so a new key is written only if
-it was asked for more often lately than a key sampled at random from the previous generation
-(the entries the next rotation drops). Replacing a key that is already stored always passes.
-A scan of one-off keys then cannot rotate out what every worker keeps asking for.
-"""
+Admission with sampled eviction (``cache.node.eviction: sampled``, the default;
+``nodesampled.py``): once the tier's bytes are at its budget, a new key is written only if
+``estimate`` counts it more than the entry picked at random to make room for it.
+
+Admission with generations (``filter``, in the writer's transaction): while the previous
+generation holds entries the tier is full and every new key pushes others out, so a new key is
+written only if it was asked for more often lately than a key sampled at random from the
+previous generation (the entries the next rotation drops). Replacing a key that is already
+stored always passes. A scan of one-off keys then cannot rotate out what every worker keeps
+asking for."""
 
 from __future__ import annotations
 

@@ -139,6 +139,8 @@ class GenerationStore:
                     # A directory from another layout: its entries mean nothing here.
                     for db in self._gens:
                         txn.drop(db, delete=False)
+                    for name in (b"entries", b"ids"):  # the sampled layout's (nodesampled.py)
+                        txn.drop(self.env.open_db(name, txn=txn), delete=False)
                     txn.put(b"version", LAYOUT_VERSION, db=self._meta)
                     txn.put(b"current", b"0", db=self._meta)
             self.psize = int(self.env.stat()["psize"])

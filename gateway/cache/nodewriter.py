@@ -18,6 +18,7 @@ from typing import Any
 import lmdb
 
 from gateway.cache.nodeadmit import NodeAdmission
+from gateway.cache.nodesampled import SampledStore
 from gateway.cache.nodestore import GenerationStore, KeyBytes, WriteResult
 
 # The node tier's logger, as before the writer moved out of node.py: one name for the tier.
@@ -40,7 +41,7 @@ Background = tuple[int, "WriteResult | None", int, "BaseException | None"]
 class NodeWriter:
     """The write queue and the writer thread; ``NodeCache`` sets the parts in its ``__init__``."""
 
-    _store: GenerationStore
+    _store: GenerationStore | SampledStore
     _admit: NodeAdmission | None
     _writer: ThreadPoolExecutor
     _lock: threading.Lock

@@ -27,6 +27,9 @@ _SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 _PREFIX_FORBIDDEN = set("*?[]\\ \t\r\n")
 
 
+EVICTIONS = ("sampled", "generations")
+
+
 def default_node_path() -> str:
     """``$XDG_CACHE_HOME/edge-gateway/node``, else ``~/.cache/edge-gateway/node``: the root of
     the default directories, one per deployment below it."""
@@ -54,14 +57,20 @@ class NodeCacheSettings:
     (entries start cold) when keys are added or moved; set it to keep them. Gateways sharing a
     name and a directory share entries: give each deployment its own."""
     max_bytes: int = 512 * MiB
-    """Largest size of the data file (the memory map): entries fill a bit under half of it in
-    each of two rotating generations; the rest is LMDB's working room."""
+    """Largest size of the data file (the memory map). Sampled eviction: entries' keys and
+    values fill up to (0.875 x this - 512 KiB) / 2 (B-tree pages are about half full; the rest is
+    LMDB's working room); generations: a bit under half of it in each of two."""
     ttl_s: float = 86_400.0
     """Longest any entry lives in this tier, whatever its own TTL."""
     admission: bool = True
     """Frequency-aware admission (gateway/cache/nodeadmit.py): once the tier is full a new key
-    is written only if asked for more often lately than a key the next rotation drops, counted
+    is written only if asked for more often lately than the entry it would evict, counted
     in a sketch every worker of the host shares. Off: every answer is written."""
+    eviction: str = "sampled"
+    """How the tier makes room: ``sampled`` (one LMDB database; a new entry evicts one picked at
+    random, and with ``admission`` is written only if asked for more often lately than it;
+    gateway/cache/nodesampled.py) or ``generations`` (two rotating generations, the layout
+    before 2026-12-05; gateway/cache/nodestore.py). Switching starts the directory empty."""
 
     def directory(self, tag: str) -> str:
         """The directory to open: ``path``, else the default root + the deployment's tag."""
@@ -70,6 +79,7 @@ class NodeCacheSettings:
     def __post_init__(self) -> None:
         check.boolean("enabled", self.enabled)
         check.boolean("admission", self.admission)
+        check.one_of("eviction", self.eviction, EVICTIONS)
         if self.path is not None:
             check.label("path", self.path)
         if self.deployment is not None:

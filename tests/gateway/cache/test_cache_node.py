@@ -16,6 +16,7 @@ from gateway.cache.base import CacheTier
 from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey, derive_key, scope_tag
 from gateway.cache.node import NodeCache
+from gateway.cache.nodesampled import SampledStore
 from gateway.cache.nodestore import encode_key, pack
 from gateway.cache.settings import NodeCacheSettings, default_node_path
 from gateway.telemetry.observer import NullObserver
@@ -151,9 +152,10 @@ async def test_delete_many_counts_what_existed(open_node: Factory) -> None:
     assert await node.get_many([k("a"), k("b")]) == [None, entry(b"B", now)]
 
 
-async def test_corrupt_values_are_misses_and_counted(open_node: Factory) -> None:
+@pytest.mark.parametrize("eviction", ["sampled", "generations"])
+async def test_corrupt_values_are_misses_and_counted(open_node: Factory, eviction: str) -> None:
     rec = Recorder()
-    node = open_node(observer=rec)
+    node = open_node(observer=rec, eviction=eviction)
     now = time.time()
     good = entry(b"good", now)
     await node.set_many([(k("good"), good)])
@@ -161,7 +163,7 @@ async def test_corrupt_values_are_misses_and_counted(open_node: Factory) -> None
     blob[-1] ^= 0xFF  # one flipped bit in the value: the checksum no longer matches
     store = node._store
     with store.env.begin(write=True) as txn:
-        cur, _ = store._roles(txn)
+        cur = store._db if isinstance(store, SampledStore) else store._roles(txn)[0]
         for name, value in (("flipped", pack(now + 60, bytes(blob))), ("short", b"\x01\x02"),
                             ("garbage", pack(now + 60, b"not an entry at all"))):
             raw = encode_key(k(name))
@@ -176,7 +178,7 @@ async def test_rotation_keeps_the_byte_bound_and_counts_evictions(
         open_node: Factory, tmp_path: Path) -> None:
     rec = Recorder()
     # Admission off: it would keep these never-read keys out once the tier is full.
-    node = open_node(observer=rec, max_bytes=2 * MiB, admission=False)
+    node = open_node(observer=rec, max_bytes=2 * MiB, admission=False, eviction="generations")
     now = time.time()
     total = 3000  # ~1.7 KB each: about 5 MB written through a 2 MiB tier
     for start in range(0, total, 100):
@@ -196,9 +198,32 @@ async def test_rotation_keeps_the_byte_bound_and_counts_evictions(
     assert rec.bytes["node"] == node.stats().bytes
 
 
+async def test_sampled_eviction_keeps_the_byte_bound_and_counts_evictions(
+        open_node: Factory, tmp_path: Path) -> None:
+    rec = Recorder()
+    node = open_node(observer=rec, max_bytes=2 * MiB, admission=False)  # sampled: the default
+    assert isinstance(node._store, SampledStore)
+    now = time.time()
+    total = 3000  # ~1.7 KB each: about 5 MB written through a 2 MiB tier
+    for start in range(0, total, 100):
+        await node.set_many([(k(f"unique {i}"), entry(i.to_bytes(4, "big") * 400, now))
+                             for i in range(start, start + 100)])
+        stats = node.stats()
+        assert stats.bytes <= node._store.page_bound
+        assert node._store.data_bytes() <= node._store.budget
+        assert (tmp_path / "node" / "data.mdb").stat().st_size <= 2 * MiB
+    evicted = rec.counts[("node", "evicted")]
+    kept = node.stats().entries
+    assert evicted > 0 and kept > 0
+    assert evicted + kept == total, "every entry written is either kept or counted evicted"
+    got = await node.get_many([k(f"unique {i}") for i in range(total)])
+    assert sum(e is not None for e in got) == kept
+    assert rec.bytes["node"] == node.stats().bytes
+
+
 async def test_a_hit_in_the_previous_generation_moves_into_the_current(
         open_node: Factory) -> None:
-    node = open_node()
+    node = open_node(eviction="generations")
     now = time.time()
     keep, lose = entry(b"read again", now), entry(b"never read", now)
     await node.set_many([(k("keep"), keep), (k("lose"), lose)])

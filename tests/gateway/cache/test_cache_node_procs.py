@@ -25,6 +25,7 @@ import xxhash
 from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey, derive_key
 from gateway.cache.node import NodeCache
+from gateway.cache.nodesampled import SampledStore
 from gateway.cache.nodestore import GenerationStore, encode_key, pack
 from gateway.cache.settings import NodeCacheSettings
 from gateway.telemetry.observer import NullObserver
@@ -56,8 +57,19 @@ def make_entry(text: str) -> Entry:
     return Entry(expected(text), time.time(), 3600.0, meta=text.encode())
 
 
-def open_node(path: str, max_bytes: int = 64 * MiB) -> NodeCache:
-    return NodeCache(NodeCacheSettings(path=path, max_bytes=max_bytes), observer=Quiet())
+def open_node(path: str, max_bytes: int = 64 * MiB, eviction: str = "sampled") -> NodeCache:
+    return NodeCache(NodeCacheSettings(path=path, max_bytes=max_bytes, eviction=eviction),
+                     observer=Quiet())
+
+
+def open_store(path: str, max_bytes: int, eviction: str) -> GenerationStore | SampledStore:
+    if eviction == "sampled":
+        return SampledStore(path, max_bytes)
+    return GenerationStore(path, max_bytes)
+
+
+def databases(store: GenerationStore | SampledStore) -> tuple[Any, ...]:
+    return (store._db,) if isinstance(store, SampledStore) else store._gens
 
 
 # -- children ------------------------------------------------------------------------------------
@@ -81,12 +93,13 @@ def fill_then_read(path: str, me: int, barrier: Barrier, out: Any) -> None:
     asyncio.run(main())
 
 
-def write_until_killed(path: str, seed: int, started: Event, pin: Event, pinned: Event) -> None:
+def write_until_killed(path: str, seed: int, started: Event, pin: Event, pinned: Event,
+                       eviction: str) -> None:
     """Store and read batches of fresh texts until SIGKILL arrives; once ``pin`` is set, hold a
     read transaction open, so the kill also lands "mid-read" and leaves a reader slot behind."""
     async def main() -> None:
         # The smallest map: >= 20 entries per writer per round rotate it several times.
-        node = open_node(path, max_bytes=MiB)
+        node = open_node(path, max_bytes=MiB, eviction=eviction)
         rng = random.Random(seed)
         held = None
         for n in range(100_000):  # bounded; the parent kills it long before
@@ -101,9 +114,9 @@ def write_until_killed(path: str, seed: int, started: Event, pin: Event, pinned:
     asyncio.run(main())
 
 
-def stream_unique(path: str, me: int, count: int) -> None:
+def stream_unique(path: str, me: int, count: int, eviction: str) -> None:
     async def main() -> None:
-        node = open_node(path, max_bytes=2 * MiB)
+        node = open_node(path, max_bytes=2 * MiB, eviction=eviction)
         try:
             for start in range(0, count, 50):
                 await node.store([(k(f"s{me} {i}"), make_entry(f"s{me} {i}"))
@@ -149,13 +162,13 @@ def start(ctx: ForkServerContext, procs: list[BaseProcess], target: Any, *args: 
     return proc
 
 
-def verify_all(path: str, max_bytes: int) -> int:
+def verify_all(path: str, max_bytes: int, eviction: str = "generations") -> int:
     """Every stored entry decodes and holds the value its text implies; returns the count."""
-    store = GenerationStore(path, max_bytes)
+    store = open_store(path, max_bytes, eviction)
     try:
         count = 0
         with store.env.begin() as txn:
-            for db in store._gens:
+            for db in databases(store):
                 for raw, value in txn.cursor(db=db):
                     entry = Entry.decode(value[8:])  # raises CacheCorrupt on any damage
                     text = entry.meta.decode()
@@ -182,17 +195,18 @@ def test_a_text_filled_by_one_process_is_a_hit_in_every_other(
         assert all(hits), f"process {me} missed {hits.count(False)} of {len(hits)} texts"
 
 
+@pytest.mark.parametrize("eviction", ["sampled", "generations"])
 def test_writers_killed_mid_write_leave_a_readable_correct_store(
-        ctx: ForkServerContext, procs: list[BaseProcess], tmp_path: Path) -> None:
+        ctx: ForkServerContext, procs: list[BaseProcess], tmp_path: Path, eviction: str) -> None:
     path = str(tmp_path / "node")
-    survivor = GenerationStore(path, MiB)  # a worker that lives through every kill
+    survivor = open_store(path, MiB, eviction)  # a worker that lives through every kill
     rng = random.Random(1)
     try:
         for round_ in range(KILL_ROUNDS):
             started, pinned = [ctx.Event() for _ in range(2)], [ctx.Event() for _ in range(2)]
             pin = ctx.Event()
             writers = [start(ctx, procs, write_until_killed, path, round_ * 2 + i, started[i],
-                             pin, pinned[i]) for i in range(2)]
+                             pin, pinned[i], eviction) for i in range(2)]
             for event in started:
                 assert event.wait(timeout=30), "a writer never stored anything"
             time.sleep(rng.uniform(0.0, 0.03))
@@ -217,28 +231,39 @@ def test_writers_killed_mid_write_leave_a_readable_correct_store(
             value = Entry(expected(text), time.time(), 3600.0, meta=text.encode())
             survivor.write([(raw, pack(value.expires_at, value.encode()))], [])
             assert survivor.read([raw])[0][0] == pack(value.expires_at, value.encode())
-        assert survivor.rotations() >= 1, "kills must have hit a store that rotates"
+        if isinstance(survivor, SampledStore):
+            # The byte counter and the index of what the kills left agree with the entries.
+            with survivor.env.begin() as txn:
+                sizes = [len(raw) + len(value) for raw, value in txn.cursor(db=survivor._db)]
+                assert txn.stat(survivor._ids)["entries"] == len(sizes)
+            assert survivor.data_bytes() == sum(sizes) <= survivor.budget
+            assert 0 < len(sizes) < KILL_ROUNDS * 2 * 20, "kills must have hit a store that evicts"
+        else:
+            assert survivor.rotations() >= 1, "kills must have hit a store that rotates"
     finally:
         survivor.close()
-    assert verify_all(path, MiB) > 0
+    assert verify_all(path, MiB, eviction) > 0
 
 
+@pytest.mark.parametrize("eviction", ["sampled", "generations"])
 def test_size_stays_bounded_under_unique_texts_from_several_processes(
-        ctx: ForkServerContext, procs: list[BaseProcess], tmp_path: Path) -> None:
+        ctx: ForkServerContext, procs: list[BaseProcess], tmp_path: Path, eviction: str) -> None:
     path = str(tmp_path / "node")
-    writers = [start(ctx, procs, stream_unique, path, me, 1500) for me in range(3)]
+    writers = [start(ctx, procs, stream_unique, path, me, 1500, eviction) for me in range(3)]
     for proc in writers:
         proc.join(timeout=120)
         assert proc.exitcode == 0
     assert (tmp_path / "node" / "data.mdb").stat().st_size <= 2 * MiB
-    store = GenerationStore(path, 2 * MiB)
+    store = open_store(path, 2 * MiB, eviction)
     try:
         used, entries = store.used_bytes()
+        if isinstance(store, SampledStore):
+            assert store.data_bytes() <= store.budget
     finally:
         store.close()
     assert used <= 2 * MiB
     assert 0 < entries < 3 * 1500, "older texts were evicted"
-    assert verify_all(path, 2 * MiB) == entries
+    assert verify_all(path, 2 * MiB, eviction) == entries
 
 
 def _reader_pids(store: GenerationStore) -> list[int]:

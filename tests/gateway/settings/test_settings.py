@@ -202,6 +202,7 @@ def sample(setting: Setting) -> tuple[object, object, str]:
         "routing.retry_on": (("5xx", "reset"), ["5xx", "reset"], "5xx,reset"),
         "routing.retriable_status_codes": ((502, 504), [502, 504], "502,504"),
         "routing.http_client": ("aiohttp", "aiohttp", "aiohttp"),
+        "cache.node.eviction": ("generations", "generations", "generations"),
     }
     if setting.path in special:
         return special[setting.path]
