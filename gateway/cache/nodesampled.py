@@ -178,14 +178,19 @@ class SampledStore:
                     stored += 1
                     continue
                 ok = True
-                for _ in range(MAX_EVICT):
-                    if used + size <= self.budget:
+                # MAX_EVICT victims at most; a draw that lands on an entry this transaction
+                # wrote is drawn again (up to 4 x MAX_EVICT draws), so that a batch's own
+                # entries do not use up the draws and leave a write without room.
+                draws = 0
+                for _ in range(4 * MAX_EVICT):
+                    if used + size <= self.budget or draws >= MAX_EVICT:
                         break
                     victim, count = self._victim(txn, cursor, admit)
                     if victim is None:
                         break
                     if victim in fresh:
                         continue  # written by this transaction: another sample
+                    draws += 1
                     if admit is not None and count >= 0 and admit.estimate(raw) <= count:
                         ok = False
                         break
