@@ -36,7 +36,9 @@ async def test_backend_that_stops_and_starts_on_a_fixed_port_flips_health(
     backend = FakeBackend()
     other = FakeBackend()
     async with backend, other:
-        router, settings = setup([backend, other])
+        # Nothing here waits out a timeout (a stopped port refuses at once): a generous one
+        # keeps a loaded machine from failing the healthy probes (0.3 s flaked in a full run).
+        router, settings = setup([backend, other], health_timeout_s=5.0)
         checker = HealthChecker(router, session, settings, models=MODELS)
         await checker.check_once()
         state = router.states[0]
