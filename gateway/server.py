@@ -102,7 +102,8 @@ async def _serve(app: web.Application, settings: Settings, *, reuse_port: bool) 
         # Inside the try: a start that fails half-way still runs the exits of the cleanup
         # contexts that did start (gateway/app.py keeps one per resource).
         await runner.setup()
-        site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port)
+        site = web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port,
+                           backlog=settings.connections.backlog)
         await site.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -29,8 +29,15 @@ class ConnectionSettings:
     """Open client connections per worker; one more is answered 503 (Retry-After) and closed.
     Keep it under the worker's file-descriptor limit (``ulimit -n``) less the backend pool."""
 
+    backlog: int = 1024
+    """Connections the kernel may hold, established but not yet accepted, per listening socket
+    (``listen``'s backlog; the kernel caps it at ``net.core.somaxconn``). aiohttp's 128 let a
+    burst of 300 new connections overflow it, and every connection past it waited for the
+    client's SYN retransmit, a second later (issue 23's deadline burst)."""
+
     def __post_init__(self) -> None:
         check.positive("header_timeout_s", self.header_timeout_s, upper=3600)
         check.positive("body_timeout_s", self.body_timeout_s, upper=86400)
         check.positive("keepalive_timeout_s", self.keepalive_timeout_s, upper=3600)
         check.at_least("max_per_worker", self.max_per_worker, 1)
+        check.between("backlog", self.backlog, 1, 65535)

@@ -34,6 +34,8 @@ from gateway.upstream.wire import (
 )
 
 T = TypeVar("T")
+_SERVICE_SAMPLES = frozenset({"ok", "timeout"})
+"""Outcomes whose latency is a service time (``Slot.release``'s ``observe``)."""
 _Who = tuple[str, Priority]  # (tenant, priority class): a call's place in admission's fair queue
 
 
@@ -223,7 +225,11 @@ class Tries:
         finally:
             latency = self._clock() - start
             self._router.on_finish(state, latency_s=latency, outcome=outcome)
-            slot.release()
+            # Only an answer (or a try that ran out of time) says how long the backend takes:
+            # a refusal (503), a failure or a cancelled try ends fast, and fed to the service
+            # time and the adaptive limit it would make the queue look short just when the
+            # backend is refusing (a deadline burst then sent ~100 calls to be refused).
+            slot.release(observe=outcome in _SERVICE_SAMPLES)
             self._observer.upstream_call(state.name, state.spec.zone, outcome, latency)
     def _shed(self, reason: str) -> None:
         self._observer.shed(reason)

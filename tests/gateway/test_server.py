@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -23,6 +24,12 @@ def test_two_workers_share_the_port_and_metrics(backend: BackendProc) -> None:
     proc = _start(["--port", str(port), "--backend", backend.url, "--workers", "2"])
     try:
         wait_ready(proc, f"{url}/readyz", timeout_s=60, what="gateway")
+        # The listening socket's backlog (`ss` shows it as a listener's Send-Q): the setting
+        # connections.backlog (1024), as far as the kernel's somaxconn allows.
+        somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+        listing = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True,
+                                 text=True, check=True).stdout.split()
+        assert int(listing[2]) == min(1024, somaxconn), listing
         with httpx.Client(timeout=10) as http:
             for i in range(40):
                 # A new connection each time so the kernel spreads them over both workers.

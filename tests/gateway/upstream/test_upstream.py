@@ -334,3 +334,25 @@ async def test_a_try_is_bounded_by_its_own_scope_not_an_aiohttp_timer_per_call(
     assert seen[0].total is None and seen[0].sock_connect == rig.settings.connect_timeout_s
     await rig.transport.send(Request("GET", backend.url + "/v2/health/ready"), timeout_s=2.5)
     assert seen[2].total == 2.5
+
+
+async def test_only_answers_teach_the_service_time(build: Build, fakes: Any) -> None:
+    """A backend's refusal (503) comes back at once: it says nothing of how long the backend
+    takes, and counted as a service time it made the queue look short while the backend was
+    refusing (issue 23's deadline burst sent ~100 calls to be refused). Answers do count."""
+    busy = await fakes()
+    busy.delay_s = 0.05
+    rig = await build([(busy, "a")])
+    tier = rig.router.tier_of(rig.router.states[0])
+    await rig.embed()
+    learned = rig.admission.service_time_s(tier)
+    assert learned >= 0.05
+    busy.overloaded = True
+    for _ in range(5):
+        with pytest.raises(Overloaded):
+            await rig.embed()
+    assert rig.admission.service_time_s(tier) == learned
+    busy.overloaded = False
+    busy.delay_s = 0.0
+    await rig.embed()
+    assert rig.admission.service_time_s(tier) < learned
