@@ -7,7 +7,9 @@ The limit follows the latency the tier's backends show, so the gateway needs no 
   and the ``percentile`` of the next ``probe_requests`` calls (granted inside the window) is
   the new minRTT; then the limit from before the window comes back. A probe runs at start, every
   ``probe_interval_s`` (plus up to 10% random jitter, so replicas do not probe in step), and
-  after five windows in a row that ended at ``min_limit`` (the old minRTT may be stale).
+  after five windows in a row that ended at ``min_limit`` (the old minRTT may be stale), and
+  after three windows in a row whose latency was under half minRTT (it was measured on slower
+  calls: long texts, a slow spell; the gradient would otherwise hold the limit at its ceiling).
 - **sampleRTT**: the ``percentile`` of the calls that finished in the last ``window_s``.
 - Each window: ``gradient = minRTT x (1 + buffer) / sampleRTT``, clamped to [0.5, 2];
   ``limit = gradient x limit + sqrt(gradient x limit)`` (the square root is headroom for bursts),
@@ -36,6 +38,8 @@ from gateway import validation as check
 _GRADIENT_MIN, _GRADIENT_MAX = 0.5, 2.0
 _JITTER = 0.1  # probe start delayed by up to this share of the interval
 _MIN_WINDOWS_BEFORE_PROBE = 5
+_STALE_WINDOWS_BEFORE_PROBE = 3  # windows in a row under half minRTT that start a probe
+_STALE_FACTOR = 0.5
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,6 +82,7 @@ class GradientLimit:
     that epoch and the call's latency when it ends."""
 
     __slots__ = ("_clock", "_deferred", "_epoch", "_min_windows", "_next_probe", "_peak",
+                 "_stale_windows",
                  "_rng", "_samples", "_settings", "_window_end", "limit", "max_limit",
                  "min_rtt_s", "probing", "sample_rtt_s")
 
@@ -100,6 +105,7 @@ class GradientLimit:
         self._window_end = 0.0
         self._next_probe = math.inf
         self._min_windows = 0
+        self._stale_windows = 0
         self._peak = 0  # most calls in flight at once in this window
 
     def granted(self, inflight: int = 0) -> int:
@@ -149,6 +155,17 @@ class GradientLimit:
         self._samples.clear()
         if self.sample_rtt_s <= 0.0:
             return
+        # Calls far faster than minRTT: it was measured on slower work (long texts, a slow
+        # spell), so the gradient would hold the limit at its ceiling and the queue would form
+        # in the backend again. Measure it anew.
+        if self.sample_rtt_s < _STALE_FACTOR * self.min_rtt_s:
+            self._stale_windows += 1
+            if self._stale_windows >= _STALE_WINDOWS_BEFORE_PROBE:
+                self._stale_windows = 0
+                self._start_probe()
+                return
+        else:
+            self._stale_windows = 0
         target = self.min_rtt_s * (1.0 + self._settings.buffer)
         gradient = min(_GRADIENT_MAX, max(_GRADIENT_MIN, target / self.sample_rtt_s))
         scaled = gradient * self.limit

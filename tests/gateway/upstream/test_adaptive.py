@@ -165,6 +165,23 @@ def test_five_windows_at_the_floor_start_a_probe() -> None:
     assert limit.min_rtt_s == pytest.approx(0.5)
 
 
+def test_windows_far_under_min_rtt_start_a_probe() -> None:
+    """A minRTT measured on slow calls (a burst of long texts) is stale once the calls are
+    short: at a gradient of 2 the limit would stay at its ceiling, and the queue would form in
+    the backend (issue 23: a quiet tenant's p50 went from 33 to 175 ms that way)."""
+    clock = Clock()
+    limit = probed(clock, min_rtt_s=0.2)
+    windows(limit, clock, 0.09, 2)  # under half: two windows, still no probe
+    assert not limit.probing
+    windows(limit, clock, 0.12, 1)  # not under half: the count starts again
+    windows(limit, clock, 0.09, 2)
+    assert not limit.probing
+    windows(limit, clock, 0.09, 1)  # the third in a row
+    assert limit.probing and limit.limit == 3
+    feed(limit, clock, 0.01, n=4)
+    assert not limit.probing and limit.min_rtt_s == pytest.approx(0.01)
+
+
 @pytest.mark.parametrize(("knobs", "field"), [
     ({"window_s": 0}, "window_s"),
     ({"probe_interval_s": -1}, "probe_interval_s"),
