@@ -81,10 +81,24 @@ class GradientLimit:
     ``granted()`` when a call starts (it returns the epoch to hand back) and ``observe()`` with
     that epoch and the call's latency when it ends."""
 
-    __slots__ = ("_clock", "_deferred", "_epoch", "_min_windows", "_next_probe", "_peak",
-                 "_stale_windows",
-                 "_rng", "_samples", "_settings", "_window_end", "limit", "max_limit",
-                 "min_rtt_s", "probing", "sample_rtt_s")
+    __slots__ = (
+        "_clock",
+        "_deferred",
+        "_epoch",
+        "_min_windows",
+        "_next_probe",
+        "_peak",
+        "_rng",
+        "_samples",
+        "_settings",
+        "_stale_windows",
+        "_window_end",
+        "limit",
+        "max_limit",
+        "min_rtt_s",
+        "probing",
+        "sample_rtt_s",
+    )
 
     def __init__(self, settings: AdaptiveSettings, max_limit: int, *,
                  clock: Callable[[], float], rng: random.Random | None = None) -> None:
