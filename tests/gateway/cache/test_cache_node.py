@@ -174,19 +174,25 @@ async def test_corrupt_values_are_misses_and_counted(open_node: Factory, evictio
     assert rec.counts[("node", "error")] == 2, "the short value has no deadline: just a miss"
 
 
+async def write_through(node: NodeCache, tmp_path: Path, bounded: Callable[[Any], bool]) -> int:
+    """3,000 entries of ~1.7 KB (about 5 MB) written through a 2 MiB tier in batches of 100,
+    ``bounded(node.stats())`` and the file's size checked after each; returns the count."""
+    now = time.time()
+    total = 3000
+    for start in range(0, total, 100):
+        await node.set_many([(k(f"unique {i}"), entry(i.to_bytes(4, "big") * 400, now))
+                             for i in range(start, start + 100)])
+        assert bounded(node.stats())
+        assert (tmp_path / "node" / "data.mdb").stat().st_size <= 2 * MiB
+    return total
+
+
 async def test_rotation_keeps_the_byte_bound_and_counts_evictions(
         open_node: Factory, tmp_path: Path) -> None:
     rec = Recorder()
     # Admission off: it would keep these never-read keys out once the tier is full.
     node = open_node(observer=rec, max_bytes=2 * MiB, admission=False, eviction="generations")
-    now = time.time()
-    total = 3000  # ~1.7 KB each: about 5 MB written through a 2 MiB tier
-    for start in range(0, total, 100):
-        await node.set_many([(k(f"unique {i}"), entry(i.to_bytes(4, "big") * 400, now))
-                             for i in range(start, start + 100)])
-        stats = node.stats()
-        assert stats.bytes <= 2 * MiB
-        assert (tmp_path / "node" / "data.mdb").stat().st_size <= 2 * MiB
+    total = await write_through(node, tmp_path, lambda stats: stats.bytes <= 2 * MiB)
     evicted = rec.counts[("node", "evicted")]
     kept = node.stats().entries
     assert evicted > 0 and kept > 0
@@ -202,16 +208,10 @@ async def test_sampled_eviction_keeps_the_byte_bound_and_counts_evictions(
         open_node: Factory, tmp_path: Path) -> None:
     rec = Recorder()
     node = open_node(observer=rec, max_bytes=2 * MiB, admission=False)  # sampled: the default
-    assert isinstance(node._store, SampledStore)
-    now = time.time()
-    total = 3000  # ~1.7 KB each: about 5 MB written through a 2 MiB tier
-    for start in range(0, total, 100):
-        await node.set_many([(k(f"unique {i}"), entry(i.to_bytes(4, "big") * 400, now))
-                             for i in range(start, start + 100)])
-        stats = node.stats()
-        assert stats.bytes <= node._store.page_bound
-        assert node._store.data_bytes() <= node._store.budget
-        assert (tmp_path / "node" / "data.mdb").stat().st_size <= 2 * MiB
+    store = node._store
+    assert isinstance(store, SampledStore)
+    total = await write_through(node, tmp_path, lambda stats: (
+        stats.bytes <= store.page_bound and store.data_bytes() <= store.budget))
     evicted = rec.counts[("node", "evicted")]
     kept = node.stats().entries
     assert evicted > 0 and kept > 0
