@@ -18,6 +18,12 @@ A request either gets a slot at once, waits in its tier's queue, or is shed at o
 - ``expired``: the deadline passed while the request was queued; it leaves the queue (504) and
   never reaches a backend.
 
+While a tenant's last call had to queue or was shed, ``refuse_early`` makes the same decision
+for its next requests before their policy and lookups (gateway/http/serve.py holds the 503s of
+``wait`` and ``queue_full`` for ``refusal_hold_s``). An interactive call of a tenant that holds
+no slot in the tier gets one at once while the slots held stay within the limit plus the
+interactive reserve (``_now``).
+
 The queue is not FIFO across tenants (gateway/upstream/admission/fairqueue.py): ``interactive``
 waiters go before ``batch`` ones, and batch-class calls hold at most the limit less a quarter
 of it (one slot at least is kept for interactive calls, which batch calls waiting in a backend
@@ -197,12 +203,12 @@ class Admission:
         return None, victim
 
     def refuse_early(self, tenant: str, deadline: float) -> Overloaded | None:
-        """Why an interactive request of ``tenant`` would be shed, judged at its head (before
-        its parse, policy and lookups) by the decision ``acquire`` would make now in the tier
-        where the tenant's last call had to queue or was shed; None to take the full path. A
-        tenant whose last call got a slot at once, or whose tier has no waiter now, costs one
-        dict read. Cache hits of a tenant refused here are refused too (its hot answers are
-        served before this)."""
+        """Why an interactive request of ``tenant`` would be shed, judged early (after its
+        parse, before its policy, keys and lookups) by the decision ``acquire`` would make now
+        in the tier where the tenant's last call had to queue or was shed; None to take the
+        full path. A tenant whose last call got a slot at once, or whose tier has no waiter
+        now, costs one dict read. Cache hits of a tenant refused here are refused too (its hot
+        answers are served before this)."""
         tier = self._backlogs.get(tenant)
         if tier is None:
             return None
