@@ -29,7 +29,6 @@ from gateway.http import app_state as state
 from gateway.http import batch_jobs as batch
 from gateway.http.middleware import make_error_middleware
 from gateway.http.routes import cached, oip, openapi, ops, probes
-from gateway.http.serve import rate_limit_headers
 from gateway.pipeline import Pipeline
 from gateway.pipeline.hot_answers import HotAnswers
 from gateway.policy import fold
@@ -103,7 +102,6 @@ def create_app(
     app[state.QUOTAS] = QuotaGate(
         settings.quotas, tenant_store, observer=observer,
         shared=SharedLimiter(settings.redis) if settings.redis.url else None)
-    app.on_response_prepare.append(rate_limit_headers)
     policies = PolicyStore(
         _policy_paths(settings.policies.path), observer=observer,
         shadow_paths=_policy_paths(settings.policies.shadow_path) or None,

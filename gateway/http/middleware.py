@@ -28,6 +28,7 @@ from gateway.errors import (
 )
 from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.observer import Observer
+from gateway.tenants.quota.limiter import QuotaState
 
 log = logging.getLogger("gateway.access")
 error_log = logging.getLogger("gateway.errors")
@@ -35,6 +36,9 @@ error_log = logging.getLogger("gateway.errors")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
 TENANT: web.RequestKey[str] = web.RequestKey("tenant", str)
+QUOTA: web.RequestKey[QuotaState] = web.RequestKey("quota", QuotaState)
+"""The request's quota state, when its tenant has limits (for the RateLimit headers: the
+handler puts them on its answer, ``errors`` on an error's)."""
 # Probes and scrapes would drown the access log; they are counted in metrics instead.
 _QUIET = frozenset({"/metrics", "/healthz", "/readyz", "/dashboard/stats.json"})
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -90,8 +94,10 @@ def make_error_middleware(observer: Observer, access_log: AccessLog,
         request[REQUEST_ID] = rid
         t0 = time.perf_counter()
         route = _route_label(request)
+        failed = True
         try:
             response = await handler(request)
+            failed = False
         except GatewayError as exc:
             if exc.public_message != exc.message:
                 # The client got the public words; the detail (which backend, its status and
@@ -106,6 +112,10 @@ def make_error_middleware(observer: Observer, access_log: AccessLog,
             log.exception("unhandled error", extra={"request_id": rid, "route": route})
             response = error_response(GatewayError("internal error"), rid)
         headers = response.headers
+        if failed:  # a limited tenant's error answers carry its RateLimit headers too
+            quota = request.get(QUOTA)
+            if quota is not None:
+                headers.update(quota.headers())
         cache = headers.get("X-Cache", "NONE")
         elapsed = time.perf_counter() - t0
         if route != "/metrics":

@@ -19,16 +19,13 @@ from gateway.errors import (
 )
 from gateway.http import app_state as state
 from gateway.http.body import check_json_type, deadline_ms, parse_json, read_body
-from gateway.http.middleware import TENANT, request_id_of
+from gateway.http.middleware import QUOTA, TENANT, request_id_of
 from gateway.pipeline import Call
-from gateway.pipeline.accounting import hot_usage, usage_of
+from gateway.pipeline.accounting import usage_of
 from gateway.pipeline.context import CacheDirectives, RequestContext
 from gateway.pipeline.hot_answers import HotAnswer
 from gateway.policy.headers import RequestHeaders
 from gateway.tenants.quota.limiter import QuotaState
-
-QUOTA: web.RequestKey[QuotaState] = web.RequestKey("quota", QuotaState)
-"""The request's quota state, when its tenant has limits (for the RateLimit headers)."""
 
 
 def make_context(request: web.Request, route: str, *, tenant: str | None = None,
@@ -98,8 +95,8 @@ async def serve(request: web.Request, route: str,
         if hot is not None:
             if quota is not None:  # every text a hit
                 await quota.charge(0, len(hot[0].entries))
-            outcome = "ok"
-            return hot_response(request, hot, tenant, started)
+            outcome = "hot"  # counted with the answer's record (``hot_answered``)
+            return hot_response(request, hot, tenant, started, quota)
         ctx = make_context(request, route, tenant=tenant, started=started, headers=headers)
         if quota is not None:
             ctx.charge = quota.charge
@@ -122,8 +119,11 @@ async def serve(request: web.Request, route: str,
         if hot_key is not None:
             app[state.HOT].put(hot_key, call.model, result, rendered)
         outcome = "ok"
+        answer_headers = cache_headers(ctx, result.age_s)
+        if quota is not None:
+            answer_headers.update(quota.headers())
         return web.Response(body=rendered, content_type="application/json",
-                            headers=cache_headers(ctx, result.age_s))
+                            headers=answer_headers)
     except RateLimited:
         outcome = "rate_limited"
         raise
@@ -136,7 +136,8 @@ async def serve(request: web.Request, route: str,
         outcome = "shed"
         raise
     finally:
-        app[state.OBSERVER].tenant_request(tenant, outcome)
+        if outcome != "hot":
+            app[state.OBSERVER].tenant_request(tenant, outcome)
 
 
 HELD = frozenset({"wait", "queue_full"})
@@ -171,26 +172,18 @@ def hot_key_of(request: web.Request, tenant: str, headers: RequestHeaders,
 
 
 def hot_response(request: web.Request, found: tuple[HotAnswer, float, int], tenant: str,
-                 started: float) -> web.Response:
+                 started: float, quota: QuotaState | None) -> web.Response:
     """A repeat answered from its rendered body: ``HotAnswers.get`` found it while the policy
     version, the header reading and every entry (fresh under the current TTL) still hold."""
-    app = request.app
     answer, age, from_node = found
-    app[state.HOT].observe(answer, tenant, from_node)
-    app[state.OBSERVER].tenant_usage(tenant, hot_usage(answer.entries))
-    total = (time.perf_counter() - started) * 1000.0
-    return web.Response(body=answer.body, content_type="application/json", headers={
-        "X-Cache": "HIT", "Server-Timing": f"hot;dur={total:.3f}, total;dur={total:.3f}",
-        "X-Request-Id": request_id_of(request), "X-Cache-Policy": answer.decision.trail,
-        "Age": str(int(age))})
-
-
-async def rate_limit_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: a limited tenant's ``RateLimit-Policy`` and ``RateLimit`` on
-    every answer of its request, errors (429, 503...) included."""
-    quota = request.get(QUOTA)
+    request.app[state.HOT].observe(answer, tenant, from_node)  # its usage and request too
+    total = f"{(time.perf_counter() - started) * 1000.0:.3f}"
+    headers = {"X-Cache": "HIT", "Server-Timing": f"hot;dur={total}, total;dur={total}",
+               "X-Request-Id": request_id_of(request), "X-Cache-Policy": answer.trail,
+               "Age": str(int(age))}
     if quota is not None:
-        response.headers.update(quota.headers())
+        headers.update(quota.headers())
+    return web.Response(body=answer.body, content_type="application/json", headers=headers)
 
 
 def resolver(request: web.Request) -> Callable[[str], str]:

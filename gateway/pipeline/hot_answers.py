@@ -29,15 +29,19 @@ from gateway.cache.memory import MemoryCache
 from gateway.cache.node import NodeCache
 from gateway.cache.tracefile import TraceRecorder
 from gateway.pipeline import Result
+from gateway.pipeline.accounting import hot_usage
 from gateway.policy import Decision, Policy
 from gateway.policy.headers import RequestHeaders
 from gateway.policy.store import PolicyStore
 from gateway.telemetry.observer import Observer
+from gateway.telemetry.usage import TenantUsage
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class HotAnswer:
-    """A rendered all-HIT answer and what it depends on."""
+    """A rendered all-HIT answer and what it depends on; what its answers report (``trail``,
+    ``usage``) is worked out once, when it is kept. Compared and hashed by identity (the
+    metrics count its answers by it: gateway/telemetry/prometheus.py ``hot_answered``)."""
 
     body: bytes
     keys: tuple[CacheKey, ...]
@@ -47,6 +51,10 @@ class HotAnswer:
     model_version: str | None
     decision: Decision
     compute_ms: float
+    trail: str
+    """``X-Cache-Policy``: the decision's ``rule@version``."""
+    usage: TenantUsage
+    """What one answer of it uses (gateway/pipeline/accounting.py ``hot_usage``)."""
 
 
 class HotAnswers:
@@ -150,16 +158,9 @@ class HotAnswers:
         return True
 
     def observe(self, answer: HotAnswer, tenant: str, from_node: int = 0) -> None:
-        """Count a hot answer exactly as the full path counts a HIT."""
-        n = len(answer.entries)
-        self.observer.cache_lookups("l1", "hit", n - from_node)
-        if from_node:
-            self.observer.cache_lookups("l1", "miss", from_node)
-            self.observer.cache_lookups("node", "hit", from_node)
-        self.observer.policy_decided(answer.decision)
-        self.observer.items_answered(answer.model, tenant, ("HIT",) * n)
-        if answer.compute_ms:
-            self.observer.compute_saved(answer.model, answer.compute_ms / 1000.0)
+        """Count a hot answer exactly as the full path counts an all-HIT answer of ``tenant``:
+        lookups, decision, items, compute saved, its usage and its ``ok`` request."""
+        self.observer.hot_answered(answer, tenant, from_node)
 
     def put(self, key: bytes, model: str, result: Result, body: bytes) -> None:
         """Keep an answer the full path gave, when every item was a HIT from L1."""
@@ -172,9 +173,11 @@ class HotAnswers:
                 return
             keys.append(o.key)
             entries.append(o.entry)
-        answer = HotAnswer(body, tuple(keys), tuple(entries), result.decision.policy_version,
-                           model, self.model_version(model), result.decision,
-                           sum(e.compute_ms for e in entries))
+        decision = result.decision
+        answer = HotAnswer(body, tuple(keys), tuple(entries), decision.policy_version,
+                           model, self.model_version(model), decision,
+                           sum(e.compute_ms for e in entries), decision.trail,
+                           hot_usage(entries))
         self._drop(key)
         self._items[key] = answer
         self._bytes += len(body)

@@ -7,6 +7,10 @@ turns each distinct series into one ``inc`` (counters), one bucket update (histo
 ``interval_s`` (so other workers' values reach a scrape within it) and right before it renders
 ``/metrics`` (so the scraped worker's own values are exact).
 
+A request whose updates are all fixed by a few objects (a hot answer: its entries, decision and
+tenant) is one ``record``: one dict update keyed by those objects, fanned out into its counters
+by the record's ``expand`` at the flush, each amount multiplied by how often it was recorded.
+
 Histogram observations are aggregated into the histogram's own buckets: the flush adds the
 bucket counts and the sum through the child's ``_buckets``/``_sum`` values, which is what
 ``Histogram.observe`` itself does one observation at a time.
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from gateway.tasks import stop_task
@@ -39,6 +43,7 @@ class Tally:
         self._counts: dict[Hashable, list[Any]] = {}  # key -> [child, pending amount]
         self._hists: dict[Hashable, _Series] = {}
         self._gauges: dict[Hashable, list[Any]] = {}  # key -> [child, latest value, changed]
+        self._records: dict[Hashable, list[Any]] = {}  # key -> [expand, args, times]
         self._task: asyncio.Task[None] | None = None
 
     def inc(self, metric: Any, labels: tuple[str, ...], amount: float = 1.0) -> None:
@@ -58,6 +63,15 @@ class Tally:
             series.buckets[i] += 1
         series.total += value
 
+    def record(self, key: Hashable, expand: Callable[[Any, int], None], args: Any) -> None:
+        """One request whose updates ``expand(args, times)`` makes; ``key`` tells records
+        apart (``id`` of the objects in ``args``, which the record holds until the flush)."""
+        slot = self._records.get(key)
+        if slot is None:
+            self._records[key] = [expand, args, 1]
+        else:
+            slot[2] += 1
+
     def set(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
         """A gauge's latest value; the flush sets it once, however often it moved since."""
         key = (id(metric), labels)
@@ -69,6 +83,10 @@ class Tally:
 
     def flush(self) -> None:
         """Hand everything pending to prometheus-client."""
+        if self._records:
+            records, self._records = self._records, {}
+            for expand, args, times in records.values():
+                expand(args, times)
         for slot in self._gauges.values():
             if slot[2]:
                 slot[0].set(slot[1])

@@ -49,6 +49,21 @@ class DecisionView(Protocol):
     def items(self) -> Sequence[DecidedItem]: ...
 
 
+class HotView(Protocol):
+    """What a hot answer (gateway/pipeline/hot_answers.py) tells the metrics."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def entries(self) -> Sequence[object]: ...
+    @property
+    def decision(self) -> DecisionView: ...
+    @property
+    def compute_ms(self) -> float: ...
+    @property
+    def usage(self) -> TenantUsage: ...
+
+
 class Observer(Protocol):
     """Events of the request path (all cheap, all synchronous, none may raise)."""
 
@@ -73,6 +88,11 @@ class Observer(Protocol):
 
     def tenant_usage(self, tenant: str, usage: TenantUsage) -> None:
         """What one answered request of ``tenant`` used: texts, tokens, compute, savings."""
+
+    def hot_answered(self, answer: HotView, tenant: str, from_node: int) -> None:
+        """A request of ``tenant`` answered from a hot answer, counted as the full path counts
+        an all-HIT answer (lookups, policy decision, items, compute saved, the tenant's usage
+        and its ``ok`` request); ``from_node`` of its items came back from the node tier."""
 
     def rate_limited(self, tenant: str, limit: str) -> None:
         """A request of ``tenant`` refused (429) by one of its limits (requests, texts, daily)."""
@@ -202,6 +222,9 @@ class NullObserver:
         pass
 
     def tenant_usage(self, tenant: str, usage: TenantUsage) -> None:
+        pass
+
+    def hot_answered(self, answer: HotView, tenant: str, from_node: int) -> None:
         pass
 
     def rate_limited(self, tenant: str, limit: str) -> None:

@@ -12,7 +12,7 @@ from gateway.telemetry.tenant_labels import TenantLabels
 if TYPE_CHECKING:
     from gateway.errors import PolicyRejected
     from gateway.telemetry.metrics import GatewayMetrics
-    from gateway.telemetry.observer import DecisionView
+    from gateway.telemetry.observer import DecisionView, HotView
     from gateway.telemetry.usage import TenantUsage
 
 
@@ -53,18 +53,41 @@ class MetricsObserver:
     def tenant_request(self, tenant: str, outcome: str) -> None:
         self.tally.inc(self.metrics.tenant_requests, (self.tenants.label(tenant), outcome))
 
-    def tenant_usage(self, tenant: str, usage: TenantUsage) -> None:
+    def tenant_usage(self, tenant: str, usage: TenantUsage, times: int = 1) -> None:
+        """``usage`` of one request, or of ``times`` requests that each used the same."""
         m, t, label = self.metrics, self.tally, self.tenants.of(tenant)
         for source, n in (("backend", usage.backend_texts), ("cache", usage.cached_texts),
                           ("coalesced", usage.coalesced_texts)):
             if n:
-                t.inc(m.tenant_texts, (label, source), n)
+                t.inc(m.tenant_texts, (label, source), n * times)
         if usage.tokens:
-            t.inc(m.tenant_tokens, (label,), usage.tokens)
+            t.inc(m.tenant_tokens, (label,), usage.tokens * times)
         if usage.compute_s:
-            t.inc(m.tenant_compute, (label,), usage.compute_s)
+            t.inc(m.tenant_compute, (label,), usage.compute_s * times)
         if usage.saved_s:
-            t.inc(m.tenant_saved, (label,), usage.saved_s)
+            t.inc(m.tenant_saved, (label,), usage.saved_s * times)
+
+    def hot_answered(self, answer: HotView, tenant: str, from_node: int) -> None:
+        """One ``Tally.record`` per hot answer (the hit path's cheapest request): its nine or
+        so updates are made at the flush, by ``_hot``, once per distinct answer, tenant and
+        ``from_node``, each multiplied by how many requests it answered."""
+        key = (answer, tenant, from_node)  # a hot answer hashes by identity
+        self.tally.record(key, self._hot, key)
+
+    def _hot(self, args: tuple[HotView, str, int], times: int) -> None:
+        answer, tenant, from_node = args
+        m, t = self.metrics, self.tally
+        n = len(answer.entries)
+        self.cache_lookups("l1", "hit", (n - from_node) * times)
+        if from_node:
+            self.cache_lookups("l1", "miss", from_node * times)
+            self.cache_lookups("node", "hit", from_node * times)
+        self.policy_decided(answer.decision, times)
+        t.inc(m.cache_items, (answer.model, tenant, "hit"), n * times)
+        if answer.compute_ms:
+            self.compute_saved(answer.model, answer.compute_ms / 1000.0 * times)
+        self.tenant_usage(tenant, answer.usage, times)
+        t.inc(m.tenant_requests, (self.tenants.label(tenant, times), "ok"), times)
 
     def rate_limited(self, tenant: str, limit: str) -> None:
         self.tally.inc(self.metrics.tenant_rate_limited, (self.tenants.of(tenant), limit))
@@ -72,16 +95,16 @@ class MetricsObserver:
     def quota_checked(self, source: str, allowed: bool) -> None:
         self.tally.inc(self.metrics.quota_checks, (source, "allowed" if allowed else "limited"))
 
-    def policy_decided(self, decision: DecisionView) -> None:
+    def policy_decided(self, decision: DecisionView, times: int = 1) -> None:
         m, t = self.metrics, self.tally
         kind = "cache" if decision.cache else "no_cache"
         if decision.cache and not all(item.store for item in decision.items):
             kind = "no_store_items"
-        t.inc(m.policy_decisions, (decision.rule.name, kind))
+        t.inc(m.policy_decisions, (decision.rule.name, kind), times)
         actions = decision.rule.privacy.detectors
         for item in decision.items:
             for name in item.detectors:
-                t.inc(m.pii_detections, (name, actions[name]))
+                t.inc(m.pii_detections, (name, actions[name]), times)
 
     def policy_rejected(self, error: PolicyRejected) -> None:
         m, t = self.metrics, self.tally

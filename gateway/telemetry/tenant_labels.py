@@ -33,18 +33,18 @@ class TenantLabels:
     def named(self) -> frozenset[str]:
         return frozenset(self._named)
 
-    def label(self, tenant: str) -> str:
-        """The label to count one request of ``tenant`` under."""
+    def label(self, tenant: str, requests: int = 1) -> str:
+        """The label to count one request (or ``requests``) of ``tenant`` under."""
         named = self._named
         if tenant in named:
-            named[tenant] += 1
+            named[tenant] += requests
             label = tenant
         elif len(named) < self.top:
-            named[tenant] = 1
+            named[tenant] = requests
             label = tenant
         else:
             if tenant in self._others or len(self._others) < _MAX_SEEN:
-                self._others[tenant] = self._others.get(tenant, 0) + 1
+                self._others[tenant] = self._others.get(tenant, 0) + requests
             label = OTHER
         if self._clock() >= self._next:
             self._refresh()

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from gateway.http import app_state as state
 from gateway.tenants.directory import Tenants, key_digest
 from tests.gateway.conftest import BackendProc, GatewayFactory, metric_value
@@ -119,3 +121,67 @@ async def test_an_entry_l1_dropped_still_answers_hot_from_the_node_tier(
     assert len(hot) >= 1
     text = await (await client.get("/metrics")).text()
     assert metric_value(text, "gateway_cache_lookups_total", tier="node", result="hit") >= 1
+
+
+COUNTED = ("gateway_cache_items_total", "gateway_cache_lookups_total",
+           "gateway_policy_decisions_total", "gateway_compute_saved_seconds_total",
+           "gateway_tenant_requests_total", "gateway_tenant_texts_total",
+           "gateway_tenant_tokens_total", "gateway_tenant_compute_saved_seconds_total")
+
+
+def counted(text: str) -> dict[str, float]:
+    """Every sample of the families a hit moves, by its line's name and labels."""
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith(COUNTED)}
+
+
+def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: round(v - before.get(k, 0.0), 9) for k, v in after.items()
+            if round(v - before.get(k, 0.0), 9)}
+
+
+async def test_hot_answers_count_exactly_as_full_path_hits(gateway: GatewayFactory) -> None:
+    # Hot answers are one record each (gateway/telemetry/prometheus.py ``hot_answered``),
+    # fanned out at the flush: N of them move every series a full-path HIT moves, N times,
+    # per tenant, and a scrape between them loses or repeats none.
+    tenants = Tenants.from_mapping({"acme": [key_digest("key-acme-0123456789")],
+                                    "globex": [key_digest("key-globex-0123456789")]})
+    client = await gateway(tenants=tenants)
+    keys = {"acme": "Bearer key-acme-0123456789", "globex": "Bearer key-globex-0123456789"}
+    raw = orjson.dumps(BODY)
+
+    async def send(tenant: str, pad: int = 0) -> str:
+        resp = await client.post("/v1/embeddings", data=raw + b" " * pad, headers={
+            "Authorization": keys[tenant], "Content-Type": "application/json"})
+        assert resp.status == 200
+        return resp.headers["Server-Timing"]
+
+    async def scrape() -> dict[str, float]:
+        return counted(await (await client.get("/metrics")).text())
+
+    for tenant in keys:
+        await send(tenant)  # MISS
+        await send(tenant)  # a full-path HIT: kept ready
+    one_hit = {}
+    for tenant in keys:  # a full-path HIT each (its body was never sent: never hot)
+        start = await scrape()
+        await send(tenant, pad=1)
+        one_hit[tenant] = moved(start, await scrape())
+        assert one_hit[tenant]
+
+    def times(n_acme: int, n_globex: int) -> dict[str, float]:
+        total = {k: n_acme * v for k, v in one_hit["acme"].items()}
+        for k, v in one_hit["globex"].items():
+            total[k] = total.get(k, 0.0) + n_globex * v
+        return {k: round(v, 9) for k, v in total.items() if v}
+
+    before = await scrape()
+    for _ in range(3):
+        assert "hot;dur=" in await send("acme")
+    middle = await scrape()
+    for _ in range(2):
+        assert "hot;dur=" in await send("acme")
+    assert "hot;dur=" in await send("globex")
+    after = await scrape()
+    assert moved(before, middle) == times(3, 0)
+    assert moved(middle, after) == times(2, 1)

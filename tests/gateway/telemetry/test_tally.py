@@ -83,3 +83,28 @@ def test_reading_the_registry_flushes_first() -> None:
         "route": "/v1/embeddings", "status": "200", "cache": "HIT"}) == 1
     assert registry.get_sample_value("gateway_request_duration_seconds_bucket", {
         "route": "/v1/embeddings", "cache": "HIT", "le": "0.0025"}) == 1
+
+
+def test_a_record_is_expanded_once_per_key_at_the_flush_with_its_count() -> None:
+    registry = CollectorRegistry()
+    counter = Counter("r", "r", ["a"], registry=registry)
+    tally = Tally()
+    calls: list[tuple[str, int]] = []
+
+    def expand(args: tuple[str, float], times: int) -> None:
+        calls.append((args[0], times))
+        tally.inc(counter, (args[0],), args[1] * times)
+
+    x, y = ("x", 2.0), ("y", 0.5)
+    for args in (x, x, y, x):
+        tally.record(args, expand, args)
+    assert calls == [] and not registry.get_sample_value("r_total", {"a": "x"})
+    tally.flush()  # expanded first, then handed over in the same flush
+    assert sorted(calls) == [("x", 3), ("y", 1)]
+    assert registry.get_sample_value("r_total", {"a": "x"}) == 6.0
+    assert registry.get_sample_value("r_total", {"a": "y"}) == 0.5
+    tally.flush()  # records are forgotten once expanded: nothing counted twice
+    assert len(calls) == 2 and registry.get_sample_value("r_total", {"a": "x"}) == 6.0
+    tally.record(x, expand, x)
+    tally.flush()
+    assert calls[-1] == ("x", 1) and registry.get_sample_value("r_total", {"a": "x"}) == 8.0

@@ -212,3 +212,14 @@ def test_tenant_labels_are_bounded_and_follow_traffic() -> None:
     labels.label("a")  # the minute is over: c takes the quietest place
     assert labels.named == {"a", "c"}
     assert labels.label("b") == OTHER and labels.label("c") == "c"
+
+
+def test_tenant_labels_count_a_record_of_many_requests_as_many() -> None:
+    # A hot answer's record labels ``times`` requests at once (telemetry/prometheus.py _hot):
+    # d's 30 requests in one record outweigh a's 3 at the minute's turn.
+    clock = Clock(0.0)
+    labels = TenantLabels(1, clock=clock)
+    assert labels.label("a", 3) == "a" and labels.label("d", 30) == OTHER
+    clock.now = 61.0
+    labels.label("a")  # the minute is over: the busier d takes the one place
+    assert labels.named == {"d"} and labels.label("d") == "d"

@@ -112,6 +112,32 @@ async def wait_for(check: Any, timeout_s: float = 10.0) -> None:
     raise AssertionError("condition not met in time")
 
 
+async def test_hot_answers_and_every_error_carry_the_ratelimit_headers(
+        gateway: GatewayFactory, tmp_path: Path) -> None:
+    # The headers are the handler's on an answer and the error middleware's on an error (no
+    # response-prepare signal): a hot answer, a 4xx raised after the charge and a 429 all
+    # carry them; a tenant without limits gets none on any of them.
+    path = tenants_yaml(tmp_path / "t.yaml", "{requests_per_s: 0.01, requests_burst: 6}")
+    client = await gateway(tenants_file=str(path))
+    for _ in range(3):  # MISS, a full-path HIT, then a hot answer
+        last = await post(client, ACME, ["hot quota text"])
+        assert last.status == 200
+    assert "hot;dur=" in last.headers["Server-Timing"]
+    assert last.headers["RateLimit"].startswith('"requests";r=3;')
+    bad = await client.post("/v1/embeddings", data=b'{"model": "minilm"}', headers={
+        "Authorization": f"Bearer {ACME}", "Content-Type": "application/json"})
+    assert bad.status in (400, 422) and bad.headers["RateLimit"].startswith('"requests";r=2;')
+    for _ in range(2):
+        assert (await post(client, ACME, ["hot quota text"])).status == 200
+    refused = await post(client, ACME, ["hot quota text"])
+    assert refused.status == 429 and refused.headers["RateLimit"].startswith('"requests";r=0;')
+    assert refused.headers["RateLimit-Policy"] == '"requests";q=6;w=600'
+    for _ in range(3):
+        free = await post(client, BETA, ["hot quota text"])
+        assert free.status == 200 and "RateLimit" not in free.headers
+    assert "hot;dur=" in free.headers["Server-Timing"]
+
+
 async def test_a_tenants_file_reload_changes_limits_live(gateway: GatewayFactory,
                                                          tmp_path: Path) -> None:
     path = tenants_yaml(tmp_path / "t.yaml", "{requests_per_s: 0.01, requests_burst: 1}")
