@@ -55,6 +55,8 @@ class HotAnswer:
     """``X-Cache-Policy``: the decision's ``rule@version``."""
     usage: TenantUsage
     """What one answer of it uses (gateway/pipeline/accounting.py ``hot_usage``)."""
+    created_at: float
+    """When its oldest entry was made: the answer's ``Age`` counts from it."""
 
 
 class HotAnswers:
@@ -139,7 +141,7 @@ class HotAnswers:
         self._items.move_to_end(key)
         if self.recorder is not None:
             self.recorder.record(found.keys, found.entries)
-        return found, max(e.age(now) for e in found.entries), len(lost)
+        return found, max(0.0, now - found.created_at), len(lost)
 
     def _from_node(self, found: HotAnswer, lost: list[int]) -> bool:
         """Whether the node tier still holds the very entries L1 dropped (same creation time
@@ -177,7 +179,7 @@ class HotAnswers:
         answer = HotAnswer(body, tuple(keys), tuple(entries), decision.policy_version,
                            model, self.model_version(model), decision,
                            sum(e.compute_ms for e in entries), decision.trail,
-                           hot_usage(entries))
+                           hot_usage(entries), min(e.created_at for e in entries))
         self._drop(key)
         self._items[key] = answer
         self._bytes += len(body)

@@ -75,6 +75,21 @@ async def test_purge_policy_reload_and_expiry_end_it(gateway: GatewayFactory, tm
     assert h["X-Cache"] == "MISS", "an expired entry never answers, hot or not"
 
 
+async def test_a_hot_answers_age_is_its_oldest_items(gateway: GatewayFactory) -> None:
+    clock = WallClock()
+    client = await gateway(clock=clock)
+    await post(client, "/v1/embeddings", {"model": "minilm", "input": "older hot text"})
+    clock.advance(50)
+    both = {"model": "minilm", "input": ["older hot text", "newer hot text"]}
+    _, _, h = await post(client, "/v1/embeddings", both)  # one HIT (age 50), one MISS
+    assert h["X-Cache"] == "MISS"
+    _, _, h = await post(client, "/v1/embeddings", both)  # all HIT: kept ready
+    assert (h["X-Cache"], h["Age"]) == ("HIT", "50")
+    clock.advance(10)
+    _, _, h = await post(client, "/v1/embeddings", both)
+    assert "hot;dur=" in h["Server-Timing"] and h["Age"] == "60"
+
+
 async def test_key_covers_tenant_headers_path_and_directives(gateway: GatewayFactory,
                                                               tmp_path: Path) -> None:
     policy = tmp_path / "p.yaml"
