@@ -75,14 +75,22 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     its Content-Length waits for the rest. Stops reading as soon as the total passes the limit,
     chunked bodies included.
     """
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise PayloadTooLarge(f"request body is {request.content_length} bytes; limit {max_bytes}")
-    body = bytearray()
+    length = request.content_length
+    if length is not None and length > max_bytes:
+        raise PayloadTooLarge(f"request body is {length} bytes; limit {max_bytes}")
+    content = request.content
     try:
-        while chunk := await request.content.readany():
+        chunk = await content.readany()  # everything buffered so far
+        if content.is_eof():  # the whole body came at once (the common case): no copies
+            if len(chunk) > max_bytes:
+                raise PayloadTooLarge(f"request body over the limit of {max_bytes} bytes")
+            return bytes(chunk)
+        body = bytearray()
+        while chunk:
             body += chunk
             if len(body) > max_bytes:
                 raise PayloadTooLarge(f"request body over the limit of {max_bytes} bytes")
+            chunk = await content.readany()
     except web.RequestPayloadError:  # broken chunk framing, or a decoding error
         raise BadRequest("request body is malformed (transfer or content encoding)") from None
     except ConnectionResetError:  # the client left mid-body; the answer reaches no one

@@ -26,7 +26,7 @@ from typing import Any
 from gateway.tasks import stop_task
 
 
-class _Series:
+class Series:
     __slots__ = ("bounds", "buckets", "child", "total")
 
     def __init__(self, child: Any) -> None:
@@ -35,13 +35,20 @@ class _Series:
         self.buckets = [0] * len(self.bounds)
         self.total = 0.0
 
+    def add(self, value: float) -> None:
+        """One observation, as ``Tally.observe`` records it."""
+        i = bisect.bisect_left(self.bounds, value)
+        if i < len(self.buckets):
+            self.buckets[i] += 1
+        self.total += value
+
 
 class Tally:
     """Batched counter increments and histogram observations (see the module docstring)."""
 
     def __init__(self) -> None:
         self._counts: dict[Hashable, list[Any]] = {}  # key -> [child, pending amount]
-        self._hists: dict[Hashable, _Series] = {}
+        self._hists: dict[Hashable, Series] = {}
         self._gauges: dict[Hashable, list[Any]] = {}  # key -> [child, latest value, changed]
         self._records: dict[Hashable, list[Any]] = {}  # key -> [expand, args, times]
         self._task: asyncio.Task[None] | None = None
@@ -53,11 +60,28 @@ class Tally:
             slot = self._counts[key] = [metric.labels(*labels) if labels else metric, 0.0]
         slot[1] += amount
 
+    def counter(self, metric: Any, labels: tuple[str, ...]) -> list[Any]:
+        """The pending slot ``inc`` adds to (``[child, amount]``): a caller that updates one
+        series on every request keeps it and adds to ``slot[1]`` itself."""
+        key = (id(metric), labels)
+        slot = self._counts.get(key)
+        if slot is None:
+            slot = self._counts[key] = [metric.labels(*labels) if labels else metric, 0.0]
+        return slot
+
+    def series(self, metric: Any, labels: tuple[str, ...]) -> Series:
+        """The pending buckets ``observe`` adds to (kept by such a caller too: ``add``)."""
+        key = (id(metric), labels)
+        series = self._hists.get(key)
+        if series is None:
+            series = self._hists[key] = Series(metric.labels(*labels) if labels else metric)
+        return series
+
     def observe(self, metric: Any, labels: tuple[str, ...], value: float) -> None:
         key = (id(metric), labels)
         series = self._hists.get(key)
         if series is None:
-            series = self._hists[key] = _Series(metric.labels(*labels) if labels else metric)
+            series = self._hists[key] = Series(metric.labels(*labels) if labels else metric)
         i = bisect.bisect_left(series.bounds, value)
         if i < len(series.buckets):
             series.buckets[i] += 1

@@ -5,12 +5,13 @@ gauges are set at once."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.telemetry.tenant_labels import TenantLabels
 
 if TYPE_CHECKING:
     from gateway.errors import PolicyRejected
+    from gateway.telemetry.batched_counts import Series
     from gateway.telemetry.metrics import GatewayMetrics
     from gateway.telemetry.observer import DecisionView, HotView
     from gateway.telemetry.usage import TenantUsage
@@ -27,14 +28,22 @@ class MetricsObserver:
         self.tenants = TenantLabels(top_tenants)
         """Per-tenant series are labelled by the busiest ``top_tenants`` ids, the rest ``other``."""
         self._batch_waiting: set[str] = set()  # tiers whose batch-class queue depth is not 0
+        self._done: dict[tuple[str, int, str], tuple[list[Any], Series]] = {}
 
     def flush(self) -> None:
         self.tally.flush()
 
     def request_done(self, route: str, status: int, cache: str, seconds: float) -> None:
-        m, t = self.metrics, self.tally
-        t.inc(m.requests, (route, str(status), cache))
-        t.observe(m.request_duration, (route, cache), seconds)
+        # Every request: its counter slot and histogram series are kept per (route, status,
+        # cache), so a request costs one dict read and two additions (no label tuples).
+        found = self._done.get((route, status, cache))
+        if found is None:
+            m, t = self.metrics, self.tally
+            found = self._done[(route, status, cache)] = (
+                t.counter(m.requests, (route, str(status), cache)),
+                t.series(m.request_duration, (route, cache)))
+        found[0][1] += 1
+        found[1].add(seconds)
 
     def items_answered(self, model: str, tenant: str, statuses: Sequence[str]) -> None:
         m, t = self.metrics, self.tally

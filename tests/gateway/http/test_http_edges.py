@@ -171,6 +171,21 @@ async def test_chunked_bodies_around_the_limit(
     assert reply.status == status, reply.body
 
 
+async def test_a_whole_chunked_body_just_over_the_limit_in_one_write_is_413(
+    gateway: GatewayFactory, connect: Any,
+) -> None:
+    # The body is complete when the handler first reads it (the fast path of read_body): the
+    # limit still applies to it, by one byte.
+    client = await gateway()
+    port = port_of(client)
+    reader, writer = await connect(port)
+    writer.write(head(EMBED, port, chunked=True) + chunk(embed_body("one write", LIMIT + 1))
+                 + b"0\r\n\r\n")
+    await writer.drain()
+    reply = await read_reply(reader)
+    assert reply.status == 413 and reply.error()["type"] == "payload_too_large"
+
+
 async def test_a_chunked_body_far_over_the_limit_is_413(
     gateway: GatewayFactory, connect: Any,
 ) -> None:
