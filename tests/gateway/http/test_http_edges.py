@@ -176,10 +176,10 @@ async def test_a_whole_chunked_body_just_over_the_limit_in_one_write_is_413(
 ) -> None:
     # The body is complete when the handler first reads it (the fast path of read_body): the
     # limit still applies to it, by one byte.
-    client = await gateway()
+    client = await gateway(max_body_bytes=600)
     port = port_of(client)
     reader, writer = await connect(port)
-    writer.write(head(EMBED, port, chunked=True) + chunk(embed_body("one write", LIMIT + 1))
+    writer.write(head(EMBED, port, chunked=True) + chunk(embed_body("one write", 601))
                  + b"0\r\n\r\n")
     await writer.drain()
     reply = await read_reply(reader)
