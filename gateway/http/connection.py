@@ -85,13 +85,17 @@ class GuardedRequestHandler(web.RequestHandler):
         count = self._request_count
         super().data_received(data)
         if self._request_count != count:  # one or more heads completed
-            self._cancel_head()
+            if self._head_timer is not None:  # (``_cancel_head``, inline: every request)
+                self._head_timer.cancel()
+                self._head_timer = None
             last = self._messages[-1][1] if self._messages else None
-            self._body = last if isinstance(last, StreamReader) else None
-            self._cancel_body()
-            if self._body is not None and not self._body.is_eof():
+            body = self._body = last if isinstance(last, StreamReader) else None
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+            if body is not None and not body.is_eof():
                 self._body_timer = self._loop.call_later(self._limits.body_timeout_s,
-                                                         self._body_expired, self._body)
+                                                         self._body_expired, body)
         elif in_body:
             if self._body is not None and self._body.is_eof():
                 self._cancel_body()

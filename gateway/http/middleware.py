@@ -132,11 +132,20 @@ def make_error_middleware(observer: Observer, access_log: AccessLog,
     return errors
 
 
+_LABELS: dict[object, str] = {}  # route -> its label (routes live as long as their app)
+
+
 def _route_label(request: web.Request) -> str:
     """The route pattern, not the raw path: bounded label cardinality, no ids in metrics."""
     info = request.match_info
     route = info.route if info is not None else None
-    resource = route.resource if route is not None else None
-    if resource is None:
-        return "unmatched"
-    return resource.canonical
+    label = _LABELS.get(route)
+    if label is None:
+        resource = route.resource if route is not None else None
+        if resource is None:  # a 404/405 (a new system route each time): not kept
+            return "unmatched"
+        label = resource.canonical
+        if len(_LABELS) >= 4096:  # apps made and dropped (tests): start over
+            _LABELS.clear()
+        _LABELS[route] = label
+    return label

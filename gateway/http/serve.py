@@ -23,7 +23,7 @@ from gateway.http.middleware import QUOTA, TENANT, request_id_of
 from gateway.pipeline import Call
 from gateway.pipeline.accounting import usage_of
 from gateway.pipeline.context import CacheDirectives, RequestContext
-from gateway.pipeline.hot_answers import HotAnswer
+from gateway.pipeline.hot_answers import HotAnswer, HotAnswers
 from gateway.policy.headers import RequestHeaders
 from gateway.tenants.quota.limiter import QuotaState
 
@@ -58,9 +58,10 @@ def make_context(request: web.Request, route: str, *, tenant: str | None = None,
 
 
 
-def identify(request: web.Request) -> str:
+def identify(request: web.Request, app: web.Application | None = None) -> str:
     """The request's tenant (401 for a missing or unknown key when tenants are configured)."""
-    tenant = request.app[state.TENANTS].identify(request.headers.get("Authorization"))
+    app = request.app if app is None else app
+    tenant = app[state.TENANTS].identify(request.headers.get("Authorization"))
     request[TENANT] = tenant
     return tenant
 
@@ -81,7 +82,7 @@ async def serve(request: web.Request, route: str,
     The tenant's request is counted by outcome (ok, rate_limited, shed, error)."""
     started = time.perf_counter()
     app = request.app
-    tenant = identify(request)  # tenants/ (401), before any work proportional to the body
+    tenant = identify(request, app)  # tenants/ (401), before any work proportional to the body
     outcome = "error"
     try:
         quota = app[state.QUOTAS].state(tenant)  # tenants/quota/: the request rate (429)
@@ -90,13 +91,14 @@ async def serve(request: web.Request, route: str,
         check_json_type(request)  # http/body.py (415)
         body = await read_body(request, app[state.SETTINGS].max_body_bytes)  # (413, 400)
         headers = RequestHeaders.of(request.headers)  # policy/headers.py: the one reading
-        hot_key = hot_key_of(request, tenant, headers, body)  # pipeline/hot_answers.py
-        hot = app[state.HOT].get(hot_key) if hot_key is not None else None
+        answers = app[state.HOT]
+        hot_key = hot_key_of(request, answers, tenant, headers, body)  # pipeline/hot_answers.py
+        hot = answers.get(hot_key) if hot_key is not None else None
         if hot is not None:
             if quota is not None:  # every text a hit
                 await quota.charge(0, len(hot[0].entries))
             outcome = "hot"  # counted with the answer's record (``hot_answered``)
-            return hot_response(request, hot, tenant, started, quota)
+            return hot_response(request, answers, hot, tenant, started, quota)
         ctx = make_context(request, route, tenant=tenant, started=started, headers=headers)
         if quota is not None:
             ctx.charge = quota.charge
@@ -162,21 +164,23 @@ async def admit(request: web.Request, quota: QuotaState) -> None:
     await quota.admit()
 
 
-def hot_key_of(request: web.Request, tenant: str, headers: RequestHeaders,
-               body: bytes) -> bytes | None:
+def hot_key_of(request: web.Request, answers: HotAnswers, tenant: str,
+               headers: RequestHeaders, body: bytes) -> bytes | None:
     """The request's hot-answer key, or None when it must take the full path (Cache-Control
     or a deadline of its own, or whatever ``HotAnswers.key`` refuses)."""
-    if "cache-control" in headers or "x-request-timeout-ms" in headers:
+    raw = request.headers  # neither name is hidden from the policy: the raw headers tell
+    if "cache-control" in raw or "x-request-timeout-ms" in raw:
         return None
-    return request.app[state.HOT].key(request.path, tenant, headers, body)
+    return answers.key(request.path, tenant, headers, body)
 
 
-def hot_response(request: web.Request, found: tuple[HotAnswer, float, int], tenant: str,
-                 started: float, quota: QuotaState | None) -> web.Response:
+def hot_response(request: web.Request, answers: HotAnswers,
+                 found: tuple[HotAnswer, float, int], tenant: str, started: float,
+                 quota: QuotaState | None) -> web.Response:
     """A repeat answered from its rendered body: ``HotAnswers.get`` found it while the policy
     version, the header reading and every entry (fresh under the current TTL) still hold."""
     answer, age, from_node = found
-    request.app[state.HOT].observe(answer, tenant, from_node)  # its usage and request too
+    answers.observe(answer, tenant, from_node)  # its usage and request too
     total = f"{(time.perf_counter() - started) * 1000.0:.3f}"
     headers = {"X-Cache": "HIT", "Server-Timing": f"hot;dur={total}, total;dur={total}",
                "X-Request-Id": request_id_of(request), "X-Cache-Policy": answer.trail,

@@ -179,3 +179,25 @@ async def test_metrics_count_requests(gateway: GatewayFactory, route: str) -> No
     await client.post(route, data=b"{", headers={"Content-Type": "application/json"})
     text = await (await client.get("/metrics")).text()
     assert metric_value(text, "gateway_requests_total", route=route, status="400") == 1
+
+
+async def test_metrics_label_requests_by_route_pattern_and_unmatched(
+        gateway: GatewayFactory) -> None:
+    # Route labels are kept per route (middleware._LABELS); a 404 or 405 is a new system route
+    # each time and is labelled "unmatched" without being kept.
+    from gateway.http import middleware
+    client = await gateway()
+    oip = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}
+    for _ in range(2):
+        assert (await client.post("/v2/models/minilm/infer", json=oip)).status == 200
+    kept = len(middleware._LABELS)
+    for i in range(5):
+        assert (await client.get(f"/no/such/path/{i}")).status == 404
+    assert (await client.get("/v1/embeddings")).status == 405
+    assert len(middleware._LABELS) == kept
+    text = await (await client.get("/metrics")).text()
+    oip_lines = [line for line in text.splitlines() if line.startswith(
+        "gateway_requests_total{") and 'route="/v2/models/{name}/infer",status="200"' in line]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in oip_lines) == 2  # MISS, HIT
+    assert metric_value(text, "gateway_requests_total", route="unmatched", status="404") == 5
+    assert metric_value(text, "gateway_requests_total", route="unmatched", status="405") == 1
