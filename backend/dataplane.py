@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +97,6 @@ class ServedModel:
             workers=settings.workers,
             observer=metrics.observer(config.name),
             name=config.name,
-            cpu_clock=compute_cpu_clock(on_cpu, settings.intra_op_threads),
         )
         self.queue_seconds = metrics.queue_seconds.labels(config.name)
         self.cold = ColdStart(config.name, metrics, started_at=started_at)
@@ -107,14 +106,6 @@ class ServedModel:
         for level in range(len(self.policy.levels)):
             metrics.pending.labels(config.name, str(level + 1)).set_function(
                 functools.partial(self.batcher.depth_of, level))
-
-
-def compute_cpu_clock(on_cpu: bool, intra_op_threads: int) -> Callable[[], float] | None:
-    """The clock the compute bound learns batch costs by (backend/scheduling/batcher.py):
-    the computing thread's CPU time when ONNX Runtime computes on the CPU in that one thread,
-    so a core shared with other processes does not make batches look dearer than they are;
-    else None (wall time: a GPU's work, or intra-op threads, are not that thread's CPU)."""
-    return time.thread_time if on_cpu and intra_op_threads == 1 else None
 
 
 def schedule_policy(settings: ServeSettings, config_delay_ms: float, queue_size: int,

@@ -16,14 +16,6 @@ compute bound); the batcher decides when a batch goes:
   passes while queued (a timer per request), or which could not finish even alone when its turn
   comes (``DeadlineExpired``); a cancelled caller's items.
 
-What a batch is expected to cost is learned twice (``cost.py``): in wall seconds, for every
-decision about time (deadlines, the expected wait, when a running batch ends), and, with a
-``cpu_clock``, in the computing thread's CPU seconds, for the compute bound alone (``work``).
-On a core shared with other processes (a gateway beside the backend) a batch's wall time
-stretches with their load, not with its size: a bound learned from wall time then admits one
-text per batch exactly when batching would pay most. Without a CPU clock (a GPU, or ONNX
-Runtime computing on several threads) ``work`` learns wall time too.
-
 Hand-offs, per batch: one ``executor.submit`` to a worker thread and one
 ``call_soon_threadsafe`` back, which resolves the callers' futures and dispatches the next
 batch in the same callback: a lone request costs one thread hand-off each way.
@@ -72,8 +64,6 @@ class DynamicBatcher(Generic[T, R]):
         name: str = "batcher",
         clock: Callable[[], float] = time.monotonic,
         cost: CostModel | None = None,
-        work: CostModel | None = None,
-        cpu_clock: Callable[[], float] | None = None,
     ) -> None:
         if max_batch_size < 1 or workers < 1:
             raise ValueError("batch size and workers must be >= 1")
@@ -82,11 +72,6 @@ class DynamicBatcher(Generic[T, R]):
         self.max_batch_size = max_batch_size
         self.workers = workers
         self.cost = cost or CostModel()
-        """Wall seconds per batch: deadlines, expected waits and ends."""
-        self.work = work or CostModel()
-        """The computing thread's CPU seconds per batch (wall without ``cpu_clock``): the
-        compute bound."""
-        self._cpu_clock = cpu_clock
         self._queue = ScheduleQueue(self.policy)
         self._compute = compute
         self._size_of = size_of
@@ -205,7 +190,7 @@ class DynamicBatcher(Generic[T, R]):
     def _full(self) -> bool:
         budget = self.policy.max_batch_compute_s
         return self._queue.depth >= self.max_batch_size or bool(
-            budget and self.work.estimate(self._queue.tokens) - self.work.overhead_s >= budget)
+            budget and self.cost.estimate(self._queue.tokens) - self.cost.overhead_s >= budget)
 
     def _expire(self, req: Ticket, timeout_s: float) -> None:
         """The request's deadline passed before all its results came: answered now."""
@@ -243,7 +228,7 @@ class DynamicBatcher(Generic[T, R]):
                 fail(req, DeadlineExpired("deadline passed while queued"))
             if not (now_ok or self._window_closed(now)):
                 return
-            batch, late = self._queue.take(now, self.max_batch_size, self.cost, self.work)
+            batch, late = self._queue.take(now, self.max_batch_size, self.cost)
             for req in late:
                 self._observer.dropped(req.level, "late")
                 fail(req, DeadlineExpired("its compute could not end before its deadline"))
@@ -276,7 +261,7 @@ class DynamicBatcher(Generic[T, R]):
         outputs: Outputs | None = None
         error: BaseException | None = None
         try:
-            outputs = compute_groups(self._compute, groups, self._cpu_clock)
+            outputs = compute_groups(self._compute, groups)
         except Exception as exc:  # the callers get it
             error = exc
         except BaseException as exc:  # never strand the callers, whatever was raised
@@ -294,8 +279,8 @@ class DynamicBatcher(Generic[T, R]):
                 for slot in batch:
                     fail(slot.req, error or RuntimeError("compute gave no result"))
             else:
-                for (lo, hi), (results, compute_s, cpu_s) in zip(bounds, outputs, strict=True):
-                    self._record(batch[lo:hi], results, compute_s, cpu_s)
+                for (lo, hi), (results, compute_s) in zip(bounds, outputs, strict=True):
+                    self._record(batch[lo:hi], results, compute_s)
         except Exception as exc:  # a bug here must not strand the batch's callers
             log.error("delivering a batch failed", exc_info=exc)
             for slot in batch:
@@ -306,10 +291,7 @@ class DynamicBatcher(Generic[T, R]):
             return
         self._dispatch()
 
-    def _record(self, group: list[Slot], results: Sequence[object], compute_s: float,
-                cpu_s: float) -> None:
+    def _record(self, group: list[Slot], results: Sequence[object], compute_s: float) -> None:
         self._observer.batch_computed(len(group), compute_s)
-        tokens = sum(slot.size for slot in group)
-        self.cost.observe(tokens, compute_s)
-        self.work.observe(tokens, cpu_s)
+        self.cost.observe(sum(slot.size for slot in group), compute_s)
         deliver(group, results, compute_s, self._clock(), self._observer)

@@ -14,9 +14,8 @@ from backend.scheduling.queue import Slot, Ticket
 T = TypeVar("T")
 R = TypeVar("R")
 
-# What a worker hands back: per call its results, its compute seconds (wall) and the CPU seconds
-# the computing thread spent on it (the wall seconds again without a CPU clock).
-Outputs = list[tuple[Sequence[Any], float, float]]
+# What a worker hands back: per call its results and compute seconds.
+Outputs = list[tuple[Sequence[Any], float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +62,12 @@ def fail(req: Ticket, exc: BaseException) -> None:
         req.future.set_exception(exc)
 
 
-def compute_groups(compute: Callable[[list[T]], Sequence[R]], groups: list[list[T]],
-                   cpu_clock: Callable[[], float] | None = None) -> Outputs:
-    """Runs in the worker thread: one ``compute`` call per group, each timed in wall seconds
-    and, with ``cpu_clock`` (``time.thread_time``), in this thread's CPU seconds."""
+def compute_groups(compute: Callable[[list[T]], Sequence[R]], groups: list[list[T]]
+                   ) -> Outputs:
+    """Runs in the worker thread: one ``compute`` call per group, each timed."""
     out: Outputs = []
     for items in groups:
         started = time.perf_counter()
-        cpu = cpu_clock() if cpu_clock is not None else 0.0
         results = compute(items)
-        wall = time.perf_counter() - started
-        out.append((results, wall, cpu_clock() - cpu if cpu_clock is not None else wall))
+        out.append((results, time.perf_counter() - started))
     return out

@@ -205,13 +205,10 @@ class ScheduleQueue:
         higher = sum(lv.tokens for lv in self.levels[:level])
         return higher + self.levels[level].tokens_before(key, tokens)
 
-    def take(self, now: float, max_items: int, cost: CostModel, work: CostModel | None = None
+    def take(self, now: float, max_items: int, cost: CostModel
              ) -> tuple[list[Slot], list[Ticket]]:
         """The next batch (at most ``max_items``) and the requests dropped on the way because
-        they could not finish before their deadline even alone (removed, to be failed).
-        ``cost`` (wall seconds) decides deadlines; ``work`` (the computing thread's CPU
-        seconds; ``cost`` when not given) decides the compute bound."""
-        work = cost if work is None else work
+        they could not finish before their deadline even alone (removed, to be failed)."""
         batch: list[Slot] = []
         dropped: list[Ticket] = []
         tokens = 0
@@ -230,8 +227,8 @@ class ScheduleQueue:
                 if budget < 0:
                     budget = self.policy.budget_of(index)
                 expected = cost.estimate(tokens + slot.size)
-                if batch and (now + expected > min(tightest, req.deadline) or (
-                        budget and work.estimate(tokens + slot.size) - work.overhead_s > budget)):
+                if batch and (now + expected > min(tightest, req.deadline)
+                              or (budget and expected - cost.overhead_s > budget)):
                     return batch, dropped
                 level.pop(slot)
                 req.queued -= 1

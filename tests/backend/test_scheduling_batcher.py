@@ -4,7 +4,6 @@ worker thread (a small compute function held on gates) and an injected clock for
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -16,7 +15,6 @@ from backend.scheduling import (
     WouldMissDeadline,
 )
 from backend.scheduling.cost import CostModel
-from backend.dataplane import compute_cpu_clock
 from tests.backend.test_batching import Doubler, until
 
 
@@ -50,7 +48,7 @@ def batcher_of(compute: Doubler, clock: Clock, *, max_batch_size: int = 4,
     options.update(policy)
     batcher: DynamicBatcher[int, int] = DynamicBatcher(
         compute, max_batch_size=max_batch_size, size_of=lambda _: 10, clock=clock,
-        cost=FixedCost(per_token_s), work=FixedCost(per_token_s),
+        cost=FixedCost(per_token_s),
         policy=SchedulePolicy.uniform(**options))  # type: ignore[arg-type]
     batcher.start()
     return batcher
@@ -181,49 +179,3 @@ async def test_batches_stay_within_the_compute_bound_while_work_waits() -> None:
     await asyncio.gather(held, backlog)
     assert [len(call) for call in compute.calls[1:]] == [2, 2, 2, 2]  # 20 ms each, not 80
     await batcher.close()
-
-
-class SharedCore(Doubler):
-    """Each call takes 20 ms of wall time but 1 ms of this thread's CPU per item: a core shared
-    with another busy process (the gateway beside the backend)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cpu = 0.0
-
-    def __call__(self, items: list[int]) -> list[int]:
-        out = super().__call__(items)
-        time.sleep(0.02)
-        self.cpu += 0.001 * len(items)
-        return out
-
-    def cpu_now(self) -> float:
-        return self.cpu
-
-
-async def test_the_compute_bound_learns_cpu_time_not_a_shared_cores_wall_time() -> None:
-    compute = SharedCore()
-    batcher: DynamicBatcher[int, int] = DynamicBatcher(
-        compute, max_batch_size=32, size_of=lambda _: 10, cpu_clock=compute.cpu_now,
-        policy=SchedulePolicy.uniform(levels=1, max_queue_size=64, default_timeout_s=60.0,
-                                      max_batch_compute_s=0.010))
-    batcher.start()
-    for i in range(3):  # taught: one item is 20 ms of wall, 1 ms of CPU
-        await batcher.submit([i])
-    # Wall time alone would hold the 10 ms bound to one item per batch (and still decides
-    # deadlines: twelve items read as ~130 ms of wall time, ~7 ms of CPU).
-    assert batcher.cost.estimate(20) - batcher.cost.overhead_s > 0.010
-    assert batcher.cost.estimate(120) > 0.1 > 0.01 > batcher.work.estimate(120)
-    held = await compute.hold(batcher)
-    backlog = asyncio.create_task(batcher.submit(list(range(10, 22))))
-    await until(lambda: batcher.depth == 12)
-    compute.release()
-    await asyncio.gather(held, backlog)
-    assert [len(call) for call in compute.calls[4:]] == [12]  # within 10 ms of CPU: one batch
-    await batcher.close()
-
-
-def test_the_cpu_clock_is_the_threads_only_on_a_cpu_computing_in_that_thread() -> None:
-    assert compute_cpu_clock(True, 1) is time.thread_time
-    assert compute_cpu_clock(True, 4) is None  # intra-op threads: not this thread's CPU
-    assert compute_cpu_clock(False, 1) is None  # a GPU's work is not the thread's CPU

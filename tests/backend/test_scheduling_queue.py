@@ -150,20 +150,6 @@ def test_batches_are_bounded_in_expected_compute_but_take_one_item_at_least() ->
     assert 1 in sizes and sum(sizes) == 8
 
 
-def test_the_bound_reads_the_work_model_and_deadlines_the_wall_model() -> None:
-    # On a shared core wall time (``cost``) stretches while CPU time (``work``) does not: the
-    # compute bound is the work model's, every deadline the wall model's.
-    queue = make_queue(levels=1, budget_s=0.035)
-    feed = Feed(queue)
-    feed.push(*(f"i{i}" for i in range(10)), size=10, deadline=1.0)
-    batch, _ = queue.take(0.0, 32, taught(0.010), taught(0.001))
-    assert len(batch) == 3  # 3 x 10 ms of CPU <= 35 ms; by wall, one item alone is 100 ms
-    fresh = make_queue(levels=1, budget_s=0.035)
-    tight = Feed(fresh).push("tight", size=10, deadline=0.05)
-    batch, dropped = fresh.take(0.0, 32, taught(0.010), taught(0.001))
-    assert not batch and dropped == [tight]  # 100 ms of wall cannot end by 50 ms
-
-
 def test_a_batch_starting_at_a_level_takes_that_levels_compute_bound() -> None:
     """Per level bounds (issue 23): a batch of the lowest level's items alone stops at that
     level's short bound; one that starts at a higher level is bounded by that level's, and
