@@ -79,6 +79,7 @@ class HotAnswers:
         self._items: OrderedDict[bytes, HotAnswer] = OrderedDict()
         self._bytes = 0
         self._headers_of: tuple[str, tuple[str, ...]] = ("", ())
+        self._prefixes: dict[tuple[str, str], bytes] = {}  # (path, tenant) -> key prefix
         #: The trace recorder when ``cache.trace`` is on (set by the app).
         self.recorder: TraceRecorder | None = None
 
@@ -94,13 +95,24 @@ class HotAnswers:
         ``headers`` is the same reading the policy decides by; every value of every header a
         rule matches on is in the key, in order, so only a request whose policy inputs are
         identical can be answered from the answer its decision made."""
-        if not self.enabled or self.policies.shadow is not None:
+        policies = self.policies
+        if not self.enabled or policies.shadow is not None:
             return None
+        names = self._header_names(policies.active)
+        if not names:  # no rule matches on a header (the usual case): one hash call
+            prefix = self._prefixes.get((path, tenant))
+            if prefix is None:
+                if len(self._prefixes) >= 4096:
+                    self._prefixes.clear()
+                prefix = self._prefixes[(path, tenant)] = (
+                    path.encode("utf-8", "surrogateescape") + b"\0"
+                    + tenant.encode("utf-8", "surrogateescape") + b"\0\0")
+            return xxhash.xxh3_128_digest(prefix + body)
         h = xxhash.xxh3_128()
         h.update(path.encode("utf-8", "surrogateescape"))
         h.update(b"\0")
-        h.update(tenant.encode())
-        for name in self._header_names(self.policies.active):
+        h.update(tenant.encode("utf-8", "surrogateescape"))
+        for name in names:
             h.update(b"\0" + name.encode() + b"=")
             for value in headers.values_of(name):  # length-prefixed: no two lists collide
                 raw = value.encode("utf-8", "surrogateescape")

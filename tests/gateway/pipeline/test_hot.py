@@ -118,6 +118,28 @@ async def test_key_covers_tenant_headers_path_and_directives(gateway: GatewayFac
     assert status == 404 and body["error"]["type"] == "model_not_found"
 
 
+async def test_without_header_rules_the_key_still_covers_tenant_and_path(
+        gateway: GatewayFactory) -> None:
+    # The default policy matches on no header: the key is one hash of a prefix kept per
+    # (path, tenant) and the body. Another tenant, or another route with the same body,
+    # never gets the answer.
+    tenants = Tenants.from_mapping({"acme": [key_digest("key-acme-0123456789")],
+                                    "globex": [key_digest("key-globex-0123456789")]})
+    client = await gateway(tenants=tenants)
+    acme = {"Authorization": "Bearer key-acme-0123456789"}
+    globex = {"Authorization": "Bearer key-globex-0123456789"}
+    for _ in range(3):
+        _, _, h = await post(client, "/v1/embeddings", BODY, **acme)
+    assert "hot;dur=" in h["Server-Timing"]
+    _, _, h = await post(client, "/v1/embeddings", BODY, **globex)
+    assert "hot;dur=" not in h["Server-Timing"] and h["X-Cache"] == "MISS"
+    oip = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["v"]}]}
+    for path in ("/v2/models/minilm/infer", "/v2/models/minilm/infer"):
+        _, _, h = await post(client, path, oip, **acme)
+    status, _, h = await post(client, "/v2/models/minilm/versions/1/infer", oip, **acme)
+    assert "hot;dur=" not in h.get("Server-Timing", "")
+
+
 async def test_an_entry_l1_dropped_still_answers_hot_from_the_node_tier(
         gateway: GatewayFactory, backend: BackendProc) -> None:
     # Admission off: it would keep BODY (asked three times) in L1 and the newcomer out.
