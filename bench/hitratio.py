@@ -90,6 +90,8 @@ def run_trace(trace: hittraces.Trace, caps: Sequence[float], node_caps: Sequence
                         keys, uniform, max_bytes=node_map(c, per_byte, ev), admission=adm,
                         eviction=ev)
                     row[tag + suffix] = hits.mean()
+                    if trace.name.startswith("tenants"):
+                        row[tag + suffix + " others"] = hits[trace.tenants != 0].mean()
         row["bytes lru"] = hitoptimal.lru(trace.keys, b, sizes=charged).mean()
         row["bytes belady"] = hitoptimal.belady(trace.keys, b, sizes=charged, nxt=nxt).mean()
         for adm, tag in ((False, "bytes l1"), (True, "bytes l1+tlfu")):
@@ -127,17 +129,23 @@ def targets(rows: list[dict[str, float | str]]) -> None:
     base = {r["cap"]: r for r in rows if r["trace"] == "tenants-4"}
     scan = {r["cap"]: r for r in rows if r["trace"] == "tenants-4+scan"}
     if base and scan:
-        print("\n| cap | other tenants, no scan (L1 / L1+tlfu) | with tenant 0's scan | drop "
-              "(L1 / L1+tlfu) | <= 0.05 (tlfu) |")
-        print("| ---: | --- | --- | --- | :---: |")
+        print("\n| cap | tier | other tenants, no scan (no admission / tlfu) | with tenant 0's "
+              "scan | drop (no admission / tlfu) | <= 0.05 (tlfu) |")
+        print("| ---: | --- | --- | --- | --- | :---: |")
         for cap, b in base.items():
-            s = scan[cap]
-            d0 = float(b["l1 others"]) - float(s["l1 others"])
-            d1 = float(b["l1+tlfu others"]) - float(s["l1+tlfu others"])
-            print(f"| {float(cap) * 100:g}% | {float(b['l1 others']):.3f} / "
-                  f"{float(b['l1+tlfu others']):.3f} | {float(s['l1 others']):.3f} / "
-                  f"{float(s['l1+tlfu others']):.3f} | {d0:.3f} / {d1:.3f} | "
-                  f"{'yes' if d1 <= 0.05 else 'no'} |")
+            s = scan.get(cap)
+            if s is None:
+                continue
+            for tier in ("l1", "node"):
+                if f"{tier}+tlfu others" not in b or f"{tier}+tlfu others" not in s:
+                    continue
+                off, on = (f"{tier} others", f"{tier}+tlfu others")
+                d0 = float(b[off]) - float(s[off])
+                d1 = float(b[on]) - float(s[on])
+                print(f"| {float(cap) * 100:g}% | {'L1' if tier == 'l1' else 'node'} | "
+                      f"{float(b[off]):.3f} / {float(b[on]):.3f} | {float(s[off]):.3f} / "
+                      f"{float(s[on]):.3f} | {d0:.3f} / {d1:.3f} | "
+                      f"{'yes' if d1 <= 0.05 else 'no'} |")
 
 
 def _show(rows: list[dict[str, float | str]]) -> list[dict[str, float | str]]:

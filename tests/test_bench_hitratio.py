@@ -68,6 +68,8 @@ def test_hitratio_quick_runs(capsys: pytest.CaptureFixture[str], tmp_path: objec
     assert bench_main(["hitratio", "--quick", "--svg", f"{tmp_path}/h.svg"]) == 0
     out = capsys.readouterr().out
     assert "| zipf-0.8 | 5% |" in out and "L1+tlfu / oracle" in out
+    # One tenant's scan against the other tenants, for both tiers (the node tier at 5% only).
+    assert "| 5% | L1 |" in out and "| 5% | node |" in out and "| 1% | node |" not in out
 
 
 def test_a_recorded_trace_file_replays_in_the_table(

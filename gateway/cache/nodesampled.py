@@ -14,8 +14,10 @@ overflow pages), at most ``MAX_EVICT`` per new entry and transaction. Eviction i
 ``SAMPLES`` entries sampled at random, the victim the one with the lowest count in the shared
 sketch (``nodeadmit.py``), entries past their deadline (never served again) first, ties to the
 earliest deadline (the oldest write). With admission on, a new key is written only if the
-sketch counts it more than that victim (TinyLFU); replacing a stored key always passes. Without
-admission the lowest count is 0 for all, so the sampled oldest goes.
+sketch counts it more than the *second* least counted of the samples (``BAR_RANK``: TinyLFU
+against a bar a little above the victim, since the victim's own count is a low bar that lets
+one-off keys churn in); the entry evicted for it is the least counted. Replacing a stored key
+always passes. Without admission the lowest count is 0 for all, so the sampled oldest goes.
 
 Every step is inside one LMDB write transaction, so every worker process of the host sees the
 tier consistent; a reader reads one database (no generation to find, nothing to promote).
@@ -42,10 +44,14 @@ from gateway.cache.nodestore import (
 )
 
 LAYOUT_VERSION = b"node-s1"
-#: Entries sampled per eviction (Redis: 5). Replayed with admission (bench hitratio, 1%/5%):
-#: 1 (a random victim, its count the bar) beats 2 at 1% (Zipf 0.8: 0.88 vs 0.83x of the oracle)
-#: and 5 or 16 everywhere (16: 0.72x); without admission more samples evict the oldest.
-SAMPLES = 1
+#: Entries sampled per eviction (Redis: 5): the victim is the least counted of them (without
+#: admission, the oldest).
+SAMPLES = 5
+#: The admission bar: the count of the BAR_RANK-th least counted sample (0: the victim's own).
+#: The second least (1) beats the victim's own count (newcomers pass a low bar and churn), a
+#: single random sample (a noisy bar: runs at 1% vary by 0.1) and the median (the shifting
+#: working set loses); bench/RESULTS.md, "Node tier: the bar and the victim".
+BAR_RANK = 1
 #: Entry bytes (keys + values) allowed per byte of the map left after the reserve: pages of a
 #: B-tree with random inserts and deletes are little over half full (1.5 KB answers: 0.57).
 DATA_FILL = 0.5
@@ -158,6 +164,7 @@ class SampledStore:
         del promotes
         with self.env.begin(write=True) as txn:
             used = self._bytes(txn)
+            entries = int(txn.stat(self._db)["entries"])  # kept by hand below: one stat
             deleted = 0
             for raw in deletes:
                 old = txn.pop(raw, db=self._db)
@@ -165,6 +172,7 @@ class SampledStore:
                     deleted += 1
                     used -= len(raw) + len(old)
                     txn.delete(_id(raw), db=self._ids)
+            entries -= deleted
             stored = evicted = rejected = 0
             cursor = txn.cursor(db=self._ids)
             fresh: set[KeyBytes] = set()  # new keys written here: never this write's victims
@@ -185,7 +193,7 @@ class SampledStore:
                 for _ in range(4 * MAX_EVICT):
                     if used + size <= self.budget or draws >= MAX_EVICT:
                         break
-                    victim, count = self._victim(txn, cursor, admit)
+                    victim, count = self._victim(txn, cursor, admit, fresh)
                     if victim is None:
                         break
                     if victim in fresh:
@@ -196,6 +204,7 @@ class SampledStore:
                         break
                     used -= self._evict(txn, victim)
                     evicted += 1
+                    entries -= 1
                 if not ok or used + size > self.budget:
                     rejected += 1
                     if admit is not None:
@@ -205,46 +214,60 @@ class SampledStore:
                 txn.put(_id(raw), b"", db=self._ids)
                 fresh.add(raw)
                 used += size
-                peak = max(peak, int(txn.stat(self._db)["entries"]))
+                entries += 1
+                peak = max(peak, entries)
                 stored += 1
             # The page guard: answers on overflow pages or a sparse tree may outgrow the bytes.
+            pages = self._pages(txn)
             for _ in range(MAX_EVICT * max(1, len(puts))):
-                if self._pages(txn) < self.page_bound:
+                if pages < self.page_bound:
                     break
-                victim, _count = self._victim(txn, cursor, None)
+                victim, _count = self._victim(txn, cursor, None, fresh)
                 if victim is None:
                     break
                 if victim in fresh:
                     continue  # what this transaction wrote stays readable after it
                 used -= self._evict(txn, victim)
                 evicted += 1
+                entries -= 1
+                pages = self._pages(txn)
             txn.put(b"bytes", _BYTES.pack(max(0, used)), db=self._meta)
-            self.last_peak = max(peak, int(txn.stat(self._db)["entries"]))
-            pages = self._pages(txn)
+            self.last_peak = max(peak, entries)
         return WriteResult(stored, evicted, 0, pages, rejected), deleted
 
-    def _victim(self, txn: lmdb.Transaction, cursor: lmdb.Cursor,
-                admit: Estimator | None) -> tuple[KeyBytes | None, int]:
-        """The entry to evict among ``samples`` picked at random, and its count (-1: past its
-        deadline; 0 for all without ``admit``)."""
+    def _victim(self, txn: lmdb.Transaction, cursor: lmdb.Cursor, admit: Estimator | None,
+                skip: frozenset[KeyBytes] | set[KeyBytes] = frozenset(),
+                ) -> tuple[KeyBytes | None, int]:
+        """The entry to evict among ``samples`` picked at random (the least counted), and the
+        admission bar: the count of the ``BAR_RANK``-th least counted sample (the victim's own
+        with one sample; -1 when the victim is past its deadline; 0 for all without ``admit``).
+        Samples in ``skip`` (written by this transaction) are passed over; when every sample is
+        in it, the first is returned (the caller draws again)."""
         now = self.clock()
-        best: tuple[int, float] | None = None
-        victim: KeyBytes | None = None
+        ranked: list[tuple[int, float, KeyBytes]] = []
+        first: KeyBytes | None = None
         for _ in range(self.samples):
             probe = self._random.getrandbits(128).to_bytes(16, "little")
             if not cursor.set_range(probe) and not cursor.first():
                 return None, 0  # empty
             raw = _raw(bytes(cursor.key()))
+            if first is None:
+                first = raw
+            if raw in skip:
+                continue
             value = txn.get(raw, db=self._db)
             deadline = unpack_deadline(bytes(value)) if value is not None else float("nan")
             if not deadline > now:
-                rank: tuple[int, float] = (-1, 0.0)
+                ranked.append((-1, 0.0, raw))
             else:
-                rank = (admit.estimate(raw) if admit is not None else 0, deadline)
-            if best is None or rank < best:
-                best, victim = rank, raw
-        assert best is not None
-        return victim, best[0]
+                ranked.append((admit.estimate(raw) if admit is not None else 0, deadline, raw))
+        if not ranked:
+            return first, 0
+        ranked.sort()
+        victim = ranked[0]
+        if victim[0] < 0:
+            return victim[2], -1
+        return victim[2], ranked[min(BAR_RANK, len(ranked) - 1)][0]
 
     def _evict(self, txn: lmdb.Transaction, raw: KeyBytes) -> int:
         """Remove ``raw``; returns its bytes."""

@@ -157,11 +157,89 @@ def test_the_lowest_count_of_the_sample_is_the_victim(tmp_path: Path) -> None:
         fill(store, cap)
         weak = {raw(i) for i in range(0, cap, 4)}
         counts = Counts({raw(i): (1 if raw(i) in weak else 9) for i in range(cap)})
-        counts.counts.update({raw(80_000 + j): 3 for j in range(5)})
+        counts.counts.update({raw(80_000 + j): 10 for j in range(5)})  # above every bar
         before = {k for k, _ in store.env.begin().cursor(db=store._db)}
-        store.write([(raw(80_000 + j), value()) for j in range(5)], admit=counts)
+        result, _ = store.write([(raw(80_000 + j), value()) for j in range(5)], admit=counts)
         gone = before - {k for k, _ in store.env.begin().cursor(db=store._db)}
+        assert result.stored == 5
         assert len(gone) >= 5 and gone <= weak
+    finally:
+        store.close()
+
+
+class Probes:
+    """Stands in for the store's ``random.Random``: each draw lands exactly on the next key."""
+
+    def __init__(self, keys: list[bytes]) -> None:
+        self.keys = list(keys)
+
+    def getrandbits(self, bits: int) -> int:
+        assert bits == 128
+        return int.from_bytes(_id(self.keys.pop(0))[:16], "little")
+
+
+@pytest.mark.parametrize(("count", "admitted"), [(4, False), (5, True)])
+def test_the_bar_is_the_second_least_counted_sample(tmp_path: Path, count: int,
+                                                    admitted: bool) -> None:
+    """Five samples counted 9, 1, 9, 4, 9: the one counted 1 is the victim, and a newcomer must
+    be counted more than 4 (the second least) to take its place, not more than 1 (a bar that
+    lets one-off keys churn in) nor than the first sample's 9."""
+    store = open_store(tmp_path, samples=5)
+    try:
+        cap = capacity(store)
+        fill(store, cap)
+        drawn = [raw(i) for i in (3, 7, 11, 15, 19)]
+        counts = Counts({raw(i): 9 for i in range(cap)})
+        counts.counts.update({drawn[1]: 1, drawn[3]: 4})
+        new = raw(70_000)
+        counts.counts[new] = count
+        store._random = Probes(drawn * 8)  # type: ignore[assignment]
+        before = {k for k, _ in store.env.begin().cursor(db=store._db)}
+        result, _ = store.write([(new, value())], admit=counts)
+        gone = before - {k for k, _ in store.env.begin().cursor(db=store._db)}
+        if admitted:
+            assert (result.stored, result.rejected) == (1, 0)
+            assert gone == {drawn[1]}  # the least counted, though drawn second
+        else:
+            assert (result.stored, result.rejected, counts.rejected) == (0, 1, 1)
+            assert gone == set()
+    finally:
+        store.close()
+
+
+def test_an_expired_sample_is_evicted_whatever_the_bar(tmp_path: Path) -> None:
+    store = open_store(tmp_path, samples=5)
+    try:
+        cap = capacity(store)
+        fill(store, cap)
+        dead = raw(5)
+        store.write([(dead, value(deadline=NOW - 1))])  # a refresh: now past its deadline
+        drawn = [raw(3), dead, raw(11), raw(15), raw(19)]
+        counts = Counts({raw(i): 9 for i in range(cap)})
+        new = raw(70_001)  # counted 0: below every live sample
+        store._random = Probes(drawn * 8)  # type: ignore[assignment]
+        result, _ = store.write([(new, value())], admit=counts)
+        assert (result.stored, result.rejected) == (1, 0)
+        assert store.read([dead])[0] == [None] and store.read([new])[0][0] is not None
+    finally:
+        store.close()
+
+
+def test_samples_written_by_the_same_write_are_passed_over(tmp_path: Path) -> None:
+    """Each new entry of a batch may evict, but never one written earlier in that batch: the
+    batch's own entries all get in and stay readable after it, though they are the oldest (the
+    earliest deadline) and so the first victims of any sample holding one."""
+    store = open_store(tmp_path, samples=8)
+    store._random.seed(3)
+    try:
+        cap = capacity(store)
+        fill(store, cap, deadline=NOW + 9000)
+        batch = [raw(60_000 + j) for j in range(cap // 2)]
+        result, _ = store.write([(k, value(deadline=NOW + 100)) for k in batch])
+        assert (result.stored, result.rejected) == (len(batch), 0)
+        found, _ = store.read(batch)
+        assert all(v is not None for v in found)
+        assert consistent(store)[0] <= cap
     finally:
         store.close()
 
