@@ -73,6 +73,10 @@ class Estimator(Protocol):
     def estimate(self, raw: bytes) -> int: ...
 
 
+def _by_rank(sample: tuple[int, float, KeyBytes]) -> tuple[int, float]:
+    return sample[0], sample[1]
+
+
 def _id(raw: KeyBytes) -> bytes:
     return raw[-16:] + raw[:-16]
 
@@ -263,7 +267,11 @@ class SampledStore:
                 ranked.append((admit.estimate(raw) if admit is not None else 0, deadline, raw))
         if not ranked:
             return first, 0
-        ranked.sort()
+        # By count, then deadline; equal ones stay in the order drawn (random). Never by key:
+        # ties broken by key order took the replays of Zipf 0.8 at 1% from 0.89-0.95 of the
+        # oracle to 0.62 in one run of three (always evicting the lowest digests among ties
+        # skews where the random probes land, likely by leaving gaps in the id space).
+        ranked.sort(key=_by_rank)
         victim = ranked[0]
         if victim[0] < 0:
             return victim[2], -1

@@ -207,6 +207,27 @@ def test_the_bar_is_the_second_least_counted_sample(tmp_path: Path, count: int,
         store.close()
 
 
+def test_ties_go_to_the_first_drawn_not_the_lowest_key(tmp_path: Path) -> None:
+    """Among samples counted alike, the first drawn goes (a random one), not the one whose key
+    sorts first: a victim chosen by key order would always take the lowest digests, leaving a
+    gap in the id space that concentrates every later probe on the entry after it."""
+    store = open_store(tmp_path, samples=5)
+    try:
+        cap = capacity(store)
+        fill(store, cap)
+        drawn = sorted((raw(i) for i in (3, 7, 11, 15, 19)), key=_id, reverse=True)
+        counts = Counts({raw(i): 9 for i in range(cap)})
+        new = raw(70_002)
+        counts.counts[new] = 10
+        store._random = Probes(drawn * 8)  # type: ignore[assignment]
+        before = {k for k, _ in store.env.begin().cursor(db=store._db)}
+        result, _ = store.write([(new, value())], admit=counts)
+        gone = before - {k for k, _ in store.env.begin().cursor(db=store._db)}
+        assert result.stored == 1 and gone == {drawn[0]}
+    finally:
+        store.close()
+
+
 def test_an_expired_sample_is_evicted_whatever_the_bar(tmp_path: Path) -> None:
     store = open_store(tmp_path, samples=5)
     try:
