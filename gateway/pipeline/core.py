@@ -200,11 +200,14 @@ class Pipeline(Revalidate):
         """Fill the missing items: lead the flights nobody runs, join the others. Returns the
         backend failure that left some unfilled (for stale-if-error), or None."""
         led: list[CacheKey] = []
+        leading = []
         followed = []
+        rank = self._rank(ctx, call)
         for key in missing:
-            fut, leader = self.flights.claim(key)
+            fut, leader = self.flights.claim(key, rank)
             if leader:
                 led.append(key)
+                leading.append(fut)
             else:
                 followed.append((key, fut))
         if followed:
@@ -216,14 +219,14 @@ class Pipeline(Revalidate):
                 fetched = await self._call_backend(ctx, call, decision,
                                                    [positions[k][0] for k in led])
             except BaseException as exc:
-                for key in led:
-                    self.flights.reject(key, exc)
+                for key, fut in zip(led, leading, strict=True):
+                    self.flights.reject(key, fut, exc)
                 if not isinstance(exc, GatewayError):
                     raise
                 failure = exc
             else:
-                for key, item in zip(led, fetched, strict=True):
-                    self.flights.resolve(key, item)
+                for key, fut, item in zip(led, leading, fetched, strict=True):
+                    self.flights.resolve(key, fut, item)
                 self._fill(led, fetched, positions, outcomes, MISS)
                 await self._store(decision, [(k, f) for k, f in zip(led, fetched, strict=True)
                                        if k in stored])

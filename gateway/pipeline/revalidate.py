@@ -19,12 +19,13 @@ from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey
 from gateway.errors import GatewayError
 from gateway.pipeline.background import Background
-from gateway.pipeline.call import Call, Fetched, Outcome
+from gateway.pipeline.call import Call, Fetched, Outcome, PerRequest
 from gateway.pipeline.context import RequestContext
 from gateway.pipeline.freshness import from_cache, stale_if_error
 from gateway.pipeline.singleflight import SingleFlight
 from gateway.policy import Decision
 from gateway.telemetry.observer import Observer
+from gateway.upstream import Upstream
 
 # The pipeline's logger (core.py uses the same name): one name for the request path.
 log = logging.getLogger("gateway.pipeline")
@@ -40,6 +41,7 @@ class Revalidate:
     clock: Callable[[], float]
     flights: SingleFlight[CacheKey, Fetched]
     background: Background
+    upstream: Upstream
 
     if TYPE_CHECKING:
         async def _call_backend(self, ctx: RequestContext, call: Call, decision: Decision,
@@ -47,6 +49,12 @@ class Revalidate:
 
         async def _store(self, decision: Decision,
                          fetched: Sequence[tuple[CacheKey, Fetched]]) -> None: ...
+
+    def _rank(self, ctx: RequestContext, call: Call) -> int:
+        """The backend priority this request's calls go at: its flights' rank (singleflight)."""
+        unit = call.unit
+        client = unit.client_priority if isinstance(unit, PerRequest) else 0
+        return self.upstream.schedule.priority(ctx.tenant, ctx.route, ctx.priority, client)
 
     def _answer_from_cache(self, ctx: RequestContext, call: Call, decision: Decision,
                            keys: Sequence[CacheKey], entries: Sequence[Entry | None],
@@ -71,26 +79,29 @@ class Revalidate:
                  stale: dict[CacheKey, int]) -> None:
         """One background refresh per stale key: keys already in flight (a miss or another
         refresh) are left to that flight."""
-        led = [k for k in stale if self.flights.claim(k)[1]]
-        if not led:
-            return
         refresh_ctx = RequestContext(request_id=ctx.request_id, route=ctx.route, tenant=ctx.tenant,
                                      deadline=time.monotonic() + _REFRESH_TIMEOUT_S)
+        rank = self._rank(refresh_ctx, call)
+        claims = [(k, *self.flights.claim(k, rank)) for k in stale]
+        led = [k for k, _, leader in claims if leader]
+        leading = [fut for _, fut, leader in claims if leader]
+        if not led:
+            return
 
         async def refresh() -> None:
             try:
                 fetched = await self._call_backend(refresh_ctx, call, decision,
                                                    [stale[k] for k in led])
             except BaseException as exc:
-                for key in led:
-                    self.flights.reject(key, exc)
+                for key, fut in zip(led, leading, strict=True):
+                    self.flights.reject(key, fut, exc)
                 if isinstance(exc, GatewayError):
                     log.info("stale refresh failed", extra={"request_id": ctx.request_id,
                                                              "error": exc.type})
                     return
                 raise
-            for key, item in zip(led, fetched, strict=True):
-                self.flights.resolve(key, item)
+            for key, fut, item in zip(led, leading, fetched, strict=True):
+                self.flights.resolve(key, fut, item)
             await self._store(decision, list(zip(led, fetched, strict=True)))
 
         self.background.spawn(refresh())

@@ -6,6 +6,13 @@ the shared future so one follower's cancellation never cancels it for the others
 forgotten the moment it settles, so the next miss of that key starts a new one and nothing
 accumulates.
 
+A flight has a rank: the backend priority of the call that leads it (Triton's numbering, 1
+highest; ``gateway/upstream/schedule.py``). A caller joins a flight of the same rank or a
+better one; a caller with a better rank than the flight's (an interactive request after a
+Batch API line of the same text) leads a flight of its own instead, so it never waits at the
+line's priority. The newer flight takes the key; the older one still settles its own
+followers (``resolve`` and ``reject`` name the leader's future).
+
 If the leader is cancelled or fails, followers get the error (``FlightAbandoned`` for a
 cancellation: never ``CancelledError``, which would read as their own cancellation) and may
 retry, becoming leaders themselves. Rejected futures have their exception marked retrieved, so a
@@ -35,7 +42,7 @@ class SingleFlight(Generic[K, V]):
     """Per-key in-flight deduplication on one event loop (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._flights: dict[K, asyncio.Future[V]] = {}
+        self._flights: dict[K, tuple[asyncio.Future[V], int]] = {}
 
     def __len__(self) -> int:
         return len(self._flights)
@@ -43,26 +50,36 @@ class SingleFlight(Generic[K, V]):
     def __contains__(self, key: object) -> bool:
         return key in self._flights
 
-    def claim(self, key: K) -> tuple[asyncio.Future[V], bool]:
-        """``(future, is_leader)``: the first claimer leads and must settle the key."""
-        fut = self._flights.get(key)
-        if fut is not None:
-            return fut, False
-        fut = asyncio.get_running_loop().create_future()
+    def claim(self, key: K, rank: int = 0) -> tuple[asyncio.Future[V], bool]:
+        """``(future, is_leader)``: a caller of ``rank`` (a backend priority, lower is better)
+        joins the key's flight if its rank is ``rank`` or better, else leads (and must settle
+        the future with ``resolve`` or ``reject``)."""
+        found = self._flights.get(key)
+        if found is not None and found[1] <= rank:
+            return found[0], False
+        fut: asyncio.Future[V] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_retrieve)
-        self._flights[key] = fut
+        self._flights[key] = (fut, rank)
         return fut, True
 
-    def resolve(self, key: K, value: V) -> None:
-        """Hand ``value`` to every follower of ``key``. Followers share it: do not mutate it."""
-        fut = self._flights.pop(key, None)
-        if fut is not None and not fut.done():
+    def _settled(self, key: K, fut: asyncio.Future[V]) -> bool:
+        """Forget ``key`` if ``fut`` is its flight (a better-ranked flight may have taken the
+        key since); True if ``fut`` still needs a value."""
+        found = self._flights.get(key)
+        if found is not None and found[0] is fut:
+            del self._flights[key]
+        return not fut.done()
+
+    def resolve(self, key: K, fut: asyncio.Future[V], value: V) -> None:
+        """Hand ``value`` to every follower of the flight ``fut`` (its leader's, from
+        ``claim``). Followers share it: do not mutate it."""
+        if self._settled(key, fut):
             fut.set_result(value)
 
-    def reject(self, key: K, exc: BaseException) -> None:
-        """Fail every follower of ``key`` with ``exc`` (a cancellation becomes FlightAbandoned)."""
-        fut = self._flights.pop(key, None)
-        if fut is not None and not fut.done():
+    def reject(self, key: K, fut: asyncio.Future[V], exc: BaseException) -> None:
+        """Fail every follower of the flight ``fut`` with ``exc`` (a cancellation becomes
+        FlightAbandoned)."""
+        if self._settled(key, fut):
             fut.set_exception(_shareable(exc))
 
     @staticmethod
