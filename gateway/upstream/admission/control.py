@@ -11,8 +11,10 @@ A request either gets a slot at once, waits in its tier's queue, or is shed at o
   slot-hold time) already exceeds the time the request has left; shedding now beats timing out
   later.
 - ``wait``: an interactive request's expected wait exceeds ``max_wait_factor`` times the tier's
-  recent slot-hold time: under overload the surplus is told at once, and what is admitted waits
-  about as long as it would at moderate load (batch-class calls wait up to their deadline; no
+  recent slot-hold time and its tenant, with it, would hold and wait for more than its weighted
+  share of the limit (``_over_share``): under overload the surplus is told at once, and what is
+  admitted waits about as long as it would at moderate load; a tenant under its share is not
+  shed for another's backlog (batch-class calls wait up to their deadline; no
   bound before the adaptive limit's first minRTT probe has ended, when the limit is the floor
   rather than anything learned; later probes are bounded, reckoned at the probe's limit).
 - ``expired``: the deadline passed while the request was queued; it leaves the queue (504) and
@@ -195,12 +197,27 @@ class Admission:
         if wait > deadline - now:
             return Overloaded(f"expected wait {wait * 1000:.0f} ms exceeds the request deadline",
                               reason="deadline", retry_after_s=wait), None
-        if bound and wait > bound:
+        if bound and wait > bound and self._over_share(state, tenant, weight, cls):
             return Overloaded(f"expected wait {wait * 1000:.0f} ms exceeds "
                               f"{self._max_wait_factor:g} x the tier's service time "
                               f"({state.ewma_s * 1000:.0f} ms)", reason="wait",
                               retry_after_s=wait - bound), None
         return None, victim
+
+    def _over_share(self, state: _TierQueue, tenant: str, weight: float,
+                    cls: Priority) -> bool:
+        """Whether ``tenant``, with one more call, would hold and wait for more than its
+        weighted share of the tier's limit among the tenants of the class holding or waiting
+        there now. The wait bound sheds only such a tenant: one under its share is not what
+        overloads the tier (the fair queue serves it next), and shedding it for the backlog
+        of another would hand the other its place."""
+        queued = state.waiters.queued(cls)
+        active = set(queued)
+        active.update(state.holders)
+        active.add(tenant)
+        total = sum(self._weight(t) for t in active)
+        mine = state.holders.get(tenant, 0) + queued.get(tenant, 0) + 1
+        return mine * total > self._limit_of(state) * weight
 
     def refuse_early(self, tenant: str, deadline: float) -> Overloaded | None:
         """Why an interactive request of ``tenant`` would be shed, judged early (after its

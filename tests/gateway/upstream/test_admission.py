@@ -215,6 +215,37 @@ async def test_wait_bound_sheds_interactive_surplus_at_once_and_keeps_batch_wait
     assert admission.inflight("zone") == 0 and admission.queue_depth("zone") == 0
 
 
+async def test_wait_bound_sheds_the_tenant_over_its_share_not_the_one_under_it() -> None:
+    """A quiet tenant's call that has to queue behind a flooding tenant's backlog is not shed
+    by the wait bound while it holds and waits for no more than its share of the limit: the
+    fair queue serves it next. Past its share it is bounded like anyone."""
+    admission, registry = make(concurrency=4, queue=100, wait_factor=0.2)
+    flood = [await admission.acquire("zone", deadline=later(60), tenant="a") for _ in range(4)]
+    backlog = [asyncio.create_task(admission.acquire("zone", deadline=later(60), tenant="a"))
+               for _ in range(2)]  # no service time yet: no bound, they queue
+    await asyncio.sleep(0)
+    admission.observe(0.1, tier="zone")  # one turn: 100 ms / 4 = 25 ms; the bound is 20 ms
+    with pytest.raises(Overloaded) as over:  # a: 4 held + 2 waiting + 1 > its share, 4
+        await admission.acquire("zone", deadline=later(60), tenant="a")
+    assert over.value.reason == "wait"
+    quiet = await admission.acquire("zone", deadline=later(60), tenant="b")  # holds none: now
+    # b's next call would wait a turn at least (25 ms > 20 ms) but b, with it, holds and
+    # waits for 2 of the limit's 4: its share beside a. It queues.
+    assert admission.check("zone", deadline=later(60), tenant="b") is None
+    second = asyncio.create_task(admission.acquire("zone", deadline=later(60), tenant="b"))
+    await asyncio.sleep(0)
+    assert admission.tenants("zone")["b"] == (1, 1)
+    with pytest.raises(Overloaded) as past:  # a third: 3 of 4 against a share of 2
+        await admission.acquire("zone", deadline=later(60), tenant="b")
+    assert past.value.reason == "wait"
+    assert shed(registry, "wait") == 2
+    for slot in [*flood, quiet]:
+        slot.release()
+    for task in [*backlog, second]:
+        (await task).release()
+    assert admission.inflight("zone") == 0 and admission.queue_depth("zone") == 0
+
+
 async def test_wait_bound_holds_while_the_adaptive_limit_probes() -> None:
     """During a minRTT probe the limit is held low; the expected wait is reckoned at that
     limit, and the wait bound still holds: under overload a probe does not let a queue of
