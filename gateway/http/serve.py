@@ -84,6 +84,7 @@ async def serve(request: web.Request, route: str,
     app = request.app
     tenant = identify(request, app)  # tenants/ (401), before any work proportional to the body
     outcome = "error"
+    ctx: RequestContext | None = None
     try:
         quota = app[state.QUOTAS].state(tenant)  # tenants/quota/: the request rate (429)
         if quota is not None:
@@ -132,7 +133,8 @@ async def serve(request: web.Request, route: str,
     except Overloaded as exc:
         outcome = "shed"
         if exc.reason in HELD:
-            await hold(exc, app[state.SETTINGS].admission.refusal_hold_s)
+            await hold(exc, app[state.SETTINGS].admission.refusal_hold_s,
+                       None if ctx is None else ctx.time_left())
         raise
     except DeadlineExceeded:
         outcome = "shed"
@@ -147,11 +149,19 @@ HELD = frozenset({"wait", "queue_full"})
 deadline, which is told at once."""
 
 
-async def hold(refusal: Overloaded, hold_s: float) -> None:
+HOLD_SHARE = 0.05
+"""A refusal is held at most this share of the time its request had left: a client that set a
+short deadline (``X-Request-Timeout-Ms``) is told early enough to go elsewhere."""
+
+
+async def hold(refusal: Overloaded, hold_s: float, time_left_s: float | None = None) -> None:
     """Hold a backlog refusal ``hold_s`` (``admission.refusal_hold_s``), but not past the
-    ``Retry-After`` it carries (whole seconds, at least 1), which the hold shortens: a client
-    that resends at once cannot spin the core on refusals."""
+    ``Retry-After`` it carries (whole seconds, at least 1), which the hold shortens, nor past
+    ``HOLD_SHARE`` of ``time_left_s`` (the request's deadline): a client that resends at once
+    cannot spin the core on refusals, and one with a short deadline still hears in time."""
     pause = min(hold_s, max(1.0, math.ceil(refusal.retry_after_s)))
+    if time_left_s is not None:
+        pause = min(pause, HOLD_SHARE * max(0.0, time_left_s))
     if pause > 0:
         await asyncio.sleep(pause)
         refusal.retry_after_s = max(0.0, refusal.retry_after_s - pause)

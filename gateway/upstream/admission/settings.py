@@ -22,12 +22,14 @@ class AdmissionSettings:
     ceiling the adaptive limit moves under."""
     tier_queue: int = 256
     """Requests that may wait per tier; more are shed at once (503 with Retry-After)."""
-    max_wait_factor: float = 4.0
+    max_wait_factor: float = 1.0
     """An interactive request whose expected wait in the queue exceeds this many times the
-    tier's recent service time is shed at once (503 with Retry-After, ``reason="wait"``):
-    under overload the surplus is told at once, and what is admitted waits about as long as at
-    moderate load. 0: no bound but the request's deadline. Batch-class calls wait up to their
-    deadline."""
+    tier's recent service time is shed at once (503 with Retry-After, ``reason="wait"``), if
+    its tenant is past its share of the tier's limit: under overload the surplus is told at
+    once, and what is admitted waits about as long as at moderate load (4 before 2026-12-05:
+    admitted requests at 3x capacity then waited ~4 service times, p50 120-220 ms against
+    55-75 ms at 1; bench/RESULTS.md). 0: no bound but the request's deadline. Batch-class
+    calls wait up to their deadline."""
     refusal_hold_s: float = 0.25
     """How long a request refused for its tenant's backlog (``wait``, ``queue_full``) is held
     before its 503 goes out (at most its ``Retry-After``, which is shortened by the hold). A

@@ -69,7 +69,7 @@ async def test_a_backlogged_tenant_is_refused_at_its_head_and_held(
     monkeypatch.setattr(pipeline, "decide", spy)
     held: list[tuple[str, float]] = []
 
-    async def hold(refusal: Overloaded, hold_s: float) -> None:
+    async def hold(refusal: Overloaded, hold_s: float, time_left_s: float | None = None) -> None:
         held.append((refusal.reason, hold_s))
 
     monkeypatch.setattr(serve_module, "hold", hold)
@@ -131,7 +131,7 @@ async def test_a_refusal_for_the_request_deadline_is_not_held(
     admission, tier = app[state.ADMISSION], tier_of(app)
     held: list[str] = []
 
-    async def hold(refusal: Overloaded, hold_s: float) -> None:
+    async def hold(refusal: Overloaded, hold_s: float, time_left_s: float | None = None) -> None:
         held.append(refusal.reason)
 
     monkeypatch.setattr(serve_module, "hold", hold)
@@ -169,3 +169,21 @@ async def test_hold_waits_then_shortens_retry_after() -> None:
     quick = Overloaded("full", reason="wait", retry_after_s=0.01)
     await serve_module.hold(quick, 0.0)  # 0: answer at once
     assert quick.retry_after_s == pytest.approx(0.01)
+
+
+async def test_hold_is_at_most_a_share_of_the_time_the_request_has_left() -> None:
+    """A deadline of 600 ms (X-Request-Timeout-Ms) holds a refusal 30 ms, not 250: a request
+    that cannot be served is told early (issue 23's deadline target)."""
+    loop = asyncio.get_running_loop()
+    short = Overloaded("full", reason="wait", retry_after_s=3.0)
+    start = loop.time()
+    await serve_module.hold(short, 5.0, time_left_s=0.6)
+    waited = loop.time() - start
+    assert 0.03 <= waited < 0.2
+    assert short.retry_after_s == pytest.approx(3.0 - serve_module.HOLD_SHARE * 0.6)
+    long = Overloaded("full", reason="wait", retry_after_s=3.0)
+    await serve_module.hold(long, 0.05, time_left_s=30.0)  # the setting is the smaller: 50 ms
+    assert long.retry_after_s == pytest.approx(2.95)
+    gone = Overloaded("full", reason="wait", retry_after_s=3.0)
+    await serve_module.hold(gone, 0.25, time_left_s=-1.0)  # past its deadline: at once
+    assert gone.retry_after_s == pytest.approx(3.0)
