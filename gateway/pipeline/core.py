@@ -202,7 +202,7 @@ class Pipeline(Revalidate):
         led: list[CacheKey] = []
         leading = []
         followed = []
-        rank = self._rank(ctx, call)
+        rank = self._rank(call, ctx.tenant, ctx.route, ctx.priority)
         for key in missing:
             fut, leader = self.flights.claim(key, rank)
             if leader:

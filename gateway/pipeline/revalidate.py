@@ -26,11 +26,13 @@ from gateway.pipeline.singleflight import SingleFlight
 from gateway.policy import Decision
 from gateway.telemetry.observer import Observer
 from gateway.upstream import Upstream
+from gateway.upstream.admission.fairqueue import INTERACTIVE, Priority
 
 # The pipeline's logger (core.py uses the same name): one name for the request path.
 log = logging.getLogger("gateway.pipeline")
 
 _REFRESH_TIMEOUT_S = 30.0
+_REFRESH_PRIORITY: Priority = INTERACTIVE
 
 
 class Revalidate:
@@ -50,11 +52,12 @@ class Revalidate:
         async def _store(self, decision: Decision,
                          fetched: Sequence[tuple[CacheKey, Fetched]]) -> None: ...
 
-    def _rank(self, ctx: RequestContext, call: Call) -> int:
-        """The backend priority this request's calls go at: its flights' rank (singleflight)."""
+    def _rank(self, call: Call, tenant: str, route: str, priority: Priority) -> int:
+        """The backend priority a call of ``tenant`` on ``route`` at ``priority`` goes at: its
+        flights' rank (singleflight)."""
         unit = call.unit
         client = unit.client_priority if isinstance(unit, PerRequest) else 0
-        return self.upstream.schedule.priority(ctx.tenant, ctx.route, ctx.priority, client)
+        return self.upstream.schedule.priority(tenant, route, priority, client)
 
     def _answer_from_cache(self, ctx: RequestContext, call: Call, decision: Decision,
                            keys: Sequence[CacheKey], entries: Sequence[Entry | None],
@@ -79,14 +82,19 @@ class Revalidate:
                  stale: dict[CacheKey, int]) -> None:
         """One background refresh per stale key: keys already in flight (a miss or another
         refresh) are left to that flight."""
-        refresh_ctx = RequestContext(request_id=ctx.request_id, route=ctx.route, tenant=ctx.tenant,
-                                     deadline=time.monotonic() + _REFRESH_TIMEOUT_S)
-        rank = self._rank(refresh_ctx, call)
-        claims = [(k, *self.flights.claim(k, rank)) for k in stale]
-        led = [k for k, _, leader in claims if leader]
-        leading = [fut for _, fut, leader in claims if leader]
+        rank = self._rank(call, ctx.tenant, ctx.route, _REFRESH_PRIORITY)
+        led: list[CacheKey] = []
+        leading = []
+        for key in stale:
+            fut, leader = self.flights.claim(key, rank)
+            if leader:
+                led.append(key)
+                leading.append(fut)
         if not led:
             return
+        refresh_ctx = RequestContext(request_id=ctx.request_id, route=ctx.route, tenant=ctx.tenant,
+                                     deadline=time.monotonic() + _REFRESH_TIMEOUT_S,
+                                     priority=_REFRESH_PRIORITY)
 
         async def refresh() -> None:
             try:
