@@ -17,7 +17,15 @@ Cases:
 - ``node_hit``: the same with ``cache.max_entries: 1``, so the node tier answers;
 - ``proxy_miss``: ``bench.latency proxy`` (one pooled aiohttp ClientSession) before the backend;
 - ``miss`` / ``miss_grpc``: the gateway, true misses (a new text per request) of
-  ``/v1/embeddings`` over a REST / gRPC upstream, shipped settings.
+  ``/v1/embeddings`` over a REST / gRPC upstream, shipped settings;
+- ``backend_floor``: ``bench.latency floor`` (floor (a): aiohttp + uvloop, the model called in
+  one worker thread, batch 1), one short text per OIP infer request. It runs the model under
+  callgrind too, so its figure leaves out what ONNX Runtime's own library executes (its
+  instructions, summed per object file from the dump, are subtracted: compute is the model's;
+  the tokenizer, the pooling and the C library calls ONNX Runtime makes stay in). Session
+  options are the backend's (one thread, spinning off). Our backend's case beside it is not
+  here yet: ``python -m backend serve`` under callgrind did not become ready within 900 s
+  (its start-up warm-up of every batch shape, slowed ~50x), see bench/RESULTS.md.
 
 ``--gateway-src`` runs another checkout's gateway package (before/after figures in one run).
 """
@@ -40,7 +48,10 @@ from bench import services
 from bench.procs import busy_seconds, free_port
 
 MODEL = "minilm"
-CASES = ("floor_hit", "hot", "l1_hit", "node_hit", "proxy_miss", "miss", "miss_grpc")
+CASES = ("floor_hit", "hot", "l1_hit", "node_hit", "proxy_miss", "miss", "miss_grpc",
+         "backend_floor")
+#: The object file whose own instructions the backend cases leave out (ONNX Runtime's compute).
+ORT_OBJECT = "onnxruntime_pybind11_state"
 
 
 class Counted:
@@ -59,17 +70,78 @@ class Counted:
 
     def dump(self) -> int:
         """Instructions since the last zero (the newest dump's ``totals``)."""
+        return totals(self.dump_file())
+
+    def dump_file(self) -> Path:
+        """Dump the counters since the last zero; the dump's path."""
         before = set(self.outdir.glob("cg.*"))
         self._control("-d")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             new = sorted(set(self.outdir.glob("cg.*")) - before, key=lambda p: p.stat().st_mtime)
             for path in reversed(new):
-                for line in path.read_text(errors="replace").splitlines():
-                    if line.startswith(("totals:", "summary:")):
-                        return int(line.split()[1])
+                if _complete(path):
+                    return path
             time.sleep(0.2)
         raise RuntimeError("callgrind wrote no dump")
+
+
+def _complete(path: Path) -> bool:
+    try:
+        return totals(path) >= 0
+    except ValueError:
+        return False
+
+
+def totals(path: Path) -> int:
+    """A dump's ``totals`` (or ``summary``); ``ValueError`` while it is still being written."""
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith(("totals:", "summary:")):
+            return int(line.split()[1])
+    raise ValueError(f"{path}: no totals yet")
+
+
+def own_by_object(text: str) -> dict[str, int]:
+    """Each object file's own (exclusive) instructions in a callgrind dump (the first event).
+
+    A cost line after ``calls=`` is the call's inclusive cost, charged to the callee's own
+    lines elsewhere, so it is skipped; ``ob=`` names the object of the functions that follow,
+    with callgrind's name compression (``ob=(3) /path`` once, ``ob=(3)`` after; ``cob=`` shares
+    the numbering).
+    """
+    names: dict[str, str] = {}
+    own: dict[str, int] = {}
+    current = "?"
+    after_call = False
+
+    def name_of(spec: str) -> str:
+        spec = spec.strip()
+        if spec.startswith("("):
+            ident, _, rest = spec.partition(")")
+            rest = rest.strip()
+            if rest:
+                names[ident] = rest
+            return names.get(ident, spec)
+        return spec
+
+    for line in text.splitlines():
+        if not line:
+            continue
+        head = line[0]
+        if head.isdigit() or head in "+-*":
+            parts = line.split()
+            if after_call:
+                after_call = False
+                continue
+            if len(parts) >= 2:
+                own[current] = own.get(current, 0) + int(parts[1])
+        elif line.startswith("ob="):
+            current = name_of(line[3:])
+        elif line.startswith("cob="):
+            name_of(line[4:])
+        elif line.startswith("calls="):
+            after_call = True
+    return own
 
 
 def valgrind(outdir: Path) -> list[str]:
@@ -100,16 +172,21 @@ def embeddings_body(text: str, pad: int = 0) -> bytes:
 
 
 def measure(counted: Counted, client: Client, send: Callable[[int], None], *, warmup: int,
-            requests: int) -> float:
-    """Instructions per request, the idle window's rate subtracted."""
+            requests: int, leave_out: str | None = None) -> float:
+    """Instructions per request, the idle window's rate subtracted; ``leave_out``: the own
+    instructions of object files whose path holds it are not counted."""
     for i in range(warmup):
         send(i)
     counted.zero()
     t0 = time.monotonic()
     for i in range(warmup, warmup + requests):
         send(i)
-    busy = counted.dump()
+    path = counted.dump_file()
     elapsed = time.monotonic() - t0
+    busy = totals(path)
+    if leave_out is not None:
+        own = own_by_object(path.read_text(errors="replace"))
+        busy -= sum(ir for ob, ir in own.items() if leave_out in ob)
     counted.zero()
     time.sleep(min(elapsed, 30.0))
     idle = counted.dump() / min(elapsed, 30.0)
@@ -215,12 +292,39 @@ def proxy_case(backend: services.Server, warmup: int, requests: int) -> float:
         client = Client(counted.server.port)
 
         def send(i: int) -> None:
-            body = orjson.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
-                                             "data": [f"a new sentence {i} to embed"]}]})
-            expect(*client.post(f"/v2/models/{MODEL}/infer", body)[:2], None)
+            expect(*client.post(f"/v2/models/{MODEL}/infer", _infer_body(i))[:2], None)
 
         try:
             return measure(counted, client, send, warmup=warmup, requests=requests)
+        finally:
+            client.close()
+
+
+def _infer_body(i: int) -> bytes:
+    return orjson.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                     "data": [f"a new sentence {i} to embed"]}]})
+
+
+def backend_case(case: str, models: Path, warmup: int, requests: int) -> float:
+    """Floor (a) under callgrind, ONNX Runtime's own instructions left out (one text per
+    request, a new one each time, one request at a time)."""
+    def start(prefix: list[str]) -> services.Server:
+        port = free_port()
+        argv = [*prefix, sys.executable, "-m", "bench.latency", "floor", "--port", str(port),
+                "--models", str(models), "--threads", "1"]
+        return services.started(services.Service(case, argv), port, "/v2/health/ready", 900.0)
+
+    with under_callgrind(start) as counted:
+        client = Client(counted.server.port)
+
+        def send(i: int) -> None:
+            status, _, body = client.post(f"/v2/models/{MODEL}/infer", _infer_body(i))
+            if status != 200 or b'"embedding"' not in body:
+                raise RuntimeError(f"answer {status}")
+
+        try:
+            return measure(counted, client, send, warmup=warmup, requests=requests,
+                           leave_out=ORT_OBJECT)
         finally:
             client.close()
 
@@ -246,6 +350,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append((case, "floor", floor_case(backend, args.warmup, args.requests)))
             elif case == "proxy_miss":
                 rows.append((case, "floor", proxy_case(backend, args.warmup, args.requests)))
+            elif case == "backend_floor":
+                rows.append((case, "floor", backend_case(case, args.models, args.warmup,
+                                                         args.requests)))
             else:
                 for src in [None, *args.gateway_src]:
                     label = "this checkout" if src is None else str(src)
@@ -258,11 +365,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| --- | --- | ---: |")
     for case, label, ir in rows:
         print(f"| {case} | {label} | {ir / 1000:.0f} |")
-    floor = {c: ir for c, _, ir in rows if c in ("floor_hit", "proxy_miss")}
+    floor = {c: ir for c, _, ir in rows if c in ("floor_hit", "proxy_miss", "backend_floor")}
     print()
     for case, label, ir in rows:
         base = floor.get("floor_hit") if case in ("hot", "l1_hit", "node_hit") else (
-            floor.get("proxy_miss") if case.startswith("miss") else None)
+            floor.get("proxy_miss") if case.startswith("miss") else (
+                None))
         if base:
             print(f"- {case} ({label}): {ir / base:.2f}x its floor")
     other = max(0.0, (busy_seconds() - busy0) / wall)
