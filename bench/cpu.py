@@ -369,8 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     for case, label, ir in rows:
         base = floor.get("floor_hit") if case in ("hot", "l1_hit", "node_hit") else (
-            floor.get("proxy_miss") if case.startswith("miss") else (
-                None))
+            floor.get("proxy_miss") if case.startswith("miss") else None)
         if base:
             print(f"- {case} ({label}): {ir / base:.2f}x its floor")
     other = max(0.0, (busy_seconds() - busy0) / wall)
