@@ -23,9 +23,12 @@ Cases:
   callgrind too, so its figure leaves out what ONNX Runtime's own library executes (its
   instructions, summed per object file from the dump, are subtracted: compute is the model's;
   the tokenizer, the pooling and the C library calls ONNX Runtime makes stay in). Session
-  options are the backend's (one thread, spinning off). Our backend's case beside it is not
-  here yet: ``python -m backend serve`` under callgrind did not become ready within 900 s
-  (its start-up warm-up of every batch shape, slowed ~50x), see bench/RESULTS.md.
+  options are the backend's (one thread, spinning off).
+- ``backend``: our ``python -m backend serve`` (shipped settings, one ORT thread) answering the
+  same requests, measured the same way. Its warm-up is set to batch 1 at the floor's lengths
+  (``BACKEND_WARMUP_BATCH_SIZES=1``): the shipped warm-up of the biggest batch at every
+  length does not finish within 900 s under callgrind. Both backend cases print each object
+  file's own instructions per request.
 
 ``--gateway-src`` runs another checkout's gateway package (before/after figures in one run).
 """
@@ -45,11 +48,11 @@ from pathlib import Path
 import orjson
 
 from bench import services
-from bench.procs import busy_seconds, free_port
+from bench.procs import busy_seconds, clean_env, free_port
 
 MODEL = "minilm"
 CASES = ("floor_hit", "hot", "l1_hit", "node_hit", "proxy_miss", "miss", "miss_grpc",
-         "backend_floor")
+         "backend_floor", "backend")
 #: The object file whose own instructions ``backend_floor`` leaves out (ONNX Runtime's compute).
 ORT_OBJECT = "onnxruntime_pybind11_state"
 
@@ -172,9 +175,12 @@ def embeddings_body(text: str, pad: int = 0) -> bytes:
 
 
 def measure(counted: Counted, client: Client, send: Callable[[int], None], *, warmup: int,
-            requests: int, leave_out: str | None = None) -> float:
+            requests: int, leave_out: str | None = None,
+            objects: dict[str, float] | None = None) -> float:
     """Instructions per request, the idle window's rate subtracted; ``leave_out``: the own
-    instructions of object files whose path holds it are not counted."""
+    instructions of object files whose path holds it are not counted; ``objects``, when given,
+    receives each object file's own instructions per request (the busy window's, idle time
+    not subtracted)."""
     for i in range(warmup):
         send(i)
     counted.zero()
@@ -184,9 +190,14 @@ def measure(counted: Counted, client: Client, send: Callable[[int], None], *, wa
     path = counted.dump_file()
     elapsed = time.monotonic() - t0
     busy = totals(path)
-    if leave_out is not None:
+    if leave_out is not None or objects is not None:
         own = own_by_object(path.read_text(errors="replace"))
-        busy -= sum(ir for ob, ir in own.items() if leave_out in ob)
+        if leave_out is not None:
+            busy -= sum(ir for ob, ir in own.items() if leave_out in ob)
+        if objects is not None:
+            for ob, ir in own.items():
+                name = Path(ob).name.split(".")[0] or ob
+                objects[name] = objects.get(name, 0.0) + ir / requests
     counted.zero()
     time.sleep(min(elapsed, 30.0))
     idle = counted.dump() / min(elapsed, 30.0)
@@ -305,14 +316,26 @@ def _infer_body(i: int) -> bytes:
                                      "data": [f"a new sentence {i} to embed"]}]})
 
 
-def backend_case(case: str, models: Path, warmup: int, requests: int) -> float:
-    """Floor (a) under callgrind, ONNX Runtime's own instructions left out (one text per
-    request, a new one each time, one request at a time)."""
+def backend_case(case: str, models: Path, warmup: int, requests: int,
+                 objects: dict[str, float] | None = None) -> float:
+    """A model server under callgrind, ONNX Runtime's own instructions left out (one text per
+    request, a new one each time, one request at a time). ``backend_floor``: floor (a);
+    ``backend``: ``python -m backend serve`` with its shipped settings but a warm-up of batch 1
+    only (the floor's: a warm-up of the biggest batch at every length takes hours under
+    callgrind, and the case never sends more than one text)."""
     def start(prefix: list[str]) -> services.Server:
         port = free_port()
-        argv = [*prefix, sys.executable, "-m", "bench.latency", "floor", "--port", str(port),
-                "--models", str(models), "--threads", "1"]
-        return services.started(services.Service(case, argv), port, "/v2/health/ready", 900.0)
+        if case == "backend_floor":
+            argv = [*prefix, sys.executable, "-m", "bench.latency", "floor", "--port", str(port),
+                    "--models", str(models), "--threads", "1"]
+            env = None
+        else:
+            argv = [*prefix, sys.executable, "-m", "backend", "serve", "--models", str(models),
+                    "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
+                    "--device", "cpu", "--log-level", "WARNING"]
+            env = clean_env(BACKEND_WARMUP_BATCH_SIZES="1", BACKEND_WARMUP_LENGTHS="8,64,256")
+        return services.started(services.Service(case, argv, env=env), port,
+                                "/v2/health/ready", 900.0)
 
     with under_callgrind(start) as counted:
         client = Client(counted.server.port)
@@ -324,7 +347,7 @@ def backend_case(case: str, models: Path, warmup: int, requests: int) -> float:
 
         try:
             return measure(counted, client, send, warmup=warmup, requests=requests,
-                           leave_out=ORT_OBJECT)
+                           leave_out=ORT_OBJECT, objects=objects)
         finally:
             client.close()
 
@@ -344,15 +367,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown cases: {', '.join(sorted(unknown))} (have: {', '.join(CASES)})")
     busy0, t0 = busy_seconds(), time.monotonic()
     rows: list[tuple[str, str, float]] = []
+    breakdown: dict[str, dict[str, float]] = {}
     with services.backend(args.models, cores=None, grpc=True) as backend:
         for case in cases:
             if case == "floor_hit":
                 rows.append((case, "floor", floor_case(backend, args.warmup, args.requests)))
             elif case == "proxy_miss":
                 rows.append((case, "floor", proxy_case(backend, args.warmup, args.requests)))
-            elif case == "backend_floor":
-                rows.append((case, "floor", backend_case(case, args.models, args.warmup,
-                                                         args.requests)))
+            elif case in ("backend_floor", "backend"):
+                objects = breakdown.setdefault(case, {})
+                rows.append((case, "floor" if case == "backend_floor" else "this checkout",
+                             backend_case(case, args.models, args.warmup, args.requests,
+                                          objects)))
             else:
                 for src in [None, *args.gateway_src]:
                     label = "this checkout" if src is None else str(src)
@@ -372,6 +398,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             floor.get("proxy_miss") if case.startswith("miss") else None)
         if base:
             print(f"- {case} ({label}): {ir / base:.2f}x its floor")
+    by_case = {c: ir for c, _, ir in rows}
+    if "backend" in by_case and "backend_floor" in by_case:
+        print(f"- backend: {by_case['backend'] / by_case['backend_floor']:.2f}x floor (a), "
+              f"{(by_case['backend'] - by_case['backend_floor']) / 1000:+.0f}k per request")
+    for case, objects in breakdown.items():
+        top = sorted(objects.items(), key=lambda kv: -kv[1])[:10]
+        print(f"\n{case}, own instructions per request by object file (k, busy window): "
+              + ", ".join(f"{name} {ir / 1000:.0f}" for name, ir in top))
     other = max(0.0, (busy_seconds() - busy0) / wall)
     print(f"\nCPU busy on the machine during the run: {other:.2f} cores (instruction counts do "
           "not depend on it)")
