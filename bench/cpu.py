@@ -30,7 +30,8 @@ Cases:
   length does not finish within 900 s under callgrind. Both backend cases print each object
   file's own instructions per request.
 
-``--gateway-src`` runs another checkout's gateway package (before/after figures in one run).
+``--gateway-src`` runs another checkout's gateway package, ``--backend-src`` another checkout's
+backend package (before/after figures in one run).
 """
 
 from __future__ import annotations
@@ -317,12 +318,13 @@ def _infer_body(i: int) -> bytes:
 
 
 def backend_case(case: str, models: Path, warmup: int, requests: int,
-                 objects: dict[str, float] | None = None) -> float:
+                 objects: dict[str, float] | None = None, src: Path | None = None) -> float:
     """A model server under callgrind, ONNX Runtime's own instructions left out (one text per
     request, a new one each time, one request at a time). ``backend_floor``: floor (a);
     ``backend``: ``python -m backend serve`` with its shipped settings but a warm-up of batch 1
     only (the floor's: a warm-up of the biggest batch at every length takes hours under
-    callgrind, and the case never sends more than one text)."""
+    callgrind, and the case never sends more than one text). ``src``: run the backend package
+    of another checkout (``git archive <commit> backend | tar -x -C DIR``)."""
     def start(prefix: list[str]) -> services.Server:
         port = free_port()
         if case == "backend_floor":
@@ -330,12 +332,13 @@ def backend_case(case: str, models: Path, warmup: int, requests: int,
                     "--models", str(models), "--threads", "1"]
             env = None
         else:
-            argv = [*prefix, sys.executable, "-m", "backend", "serve", "--models", str(models),
+            argv = [*prefix, sys.executable, "-m", "backend", "serve", "--models",
+                    str(models.resolve()),
                     "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
                     "--device", "cpu", "--log-level", "WARNING"]
             env = clean_env(BACKEND_WARMUP_BATCH_SIZES="1", BACKEND_WARMUP_LENGTHS="8,64,256")
-        return services.started(services.Service(case, argv, env=env), port,
-                                "/v2/health/ready", 900.0)
+        service = services.Service(case, argv, env=env, cwd=str(src) if src else None)
+        return services.started(service, port, "/v2/health/ready", 900.0)
 
     with under_callgrind(start) as counted:
         client = Client(counted.server.port)
@@ -359,6 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--gateway-src", type=Path, action="append", default=[],
                         help="also run the gateway cases from this checkout (repeatable)")
+    parser.add_argument("--backend-src", type=Path, action="append", default=[],
+                        help="also run the backend case from this checkout (repeatable)")
     parser.add_argument("--models", type=Path, default=Path("models"))
     args = parser.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
@@ -374,11 +379,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append((case, "floor", floor_case(backend, args.warmup, args.requests)))
             elif case == "proxy_miss":
                 rows.append((case, "floor", proxy_case(backend, args.warmup, args.requests)))
-            elif case in ("backend_floor", "backend"):
+            elif case == "backend_floor":
                 objects = breakdown.setdefault(case, {})
-                rows.append((case, "floor" if case == "backend_floor" else "this checkout",
-                             backend_case(case, args.models, args.warmup, args.requests,
-                                          objects)))
+                rows.append((case, "floor", backend_case(case, args.models, args.warmup,
+                                                         args.requests, objects)))
+            elif case == "backend":
+                for src in [None, *args.backend_src]:
+                    label = "this checkout" if src is None else str(src)
+                    objects = breakdown.setdefault(f"{case} ({label})", {})
+                    rows.append((case, label, backend_case(
+                        case, args.models, args.warmup, args.requests, objects,
+                        src.resolve() if src else None)))
             else:
                 for src in [None, *args.gateway_src]:
                     label = "this checkout" if src is None else str(src)
@@ -398,10 +409,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             floor.get("proxy_miss") if case.startswith("miss") else None)
         if base:
             print(f"- {case} ({label}): {ir / base:.2f}x its floor")
-    by_case = {c: ir for c, _, ir in rows}
-    if "backend" in by_case and "backend_floor" in by_case:
-        print(f"- backend: {by_case['backend'] / by_case['backend_floor']:.2f}x floor (a), "
-              f"{(by_case['backend'] - by_case['backend_floor']) / 1000:+.0f}k per request")
+    backend_floor = next((ir for c, _, ir in rows if c == "backend_floor"), None)
+    for case, label, ir in rows:
+        if case == "backend" and backend_floor:
+            print(f"- backend ({label}): {ir / backend_floor:.2f}x floor (a), "
+                  f"{(ir - backend_floor) / 1000:+.0f}k per request")
     for case, objects in breakdown.items():
         top = sorted(objects.items(), key=lambda kv: -kv[1])[:10]
         print(f"\n{case}, own instructions per request by object file (k, busy window): "

@@ -162,12 +162,24 @@ class DynamicBatcher(Generic[T, R]):
         req = Ticket(n, level=level, key=key, deadline=now + timeout, enqueued=now,
                      seq=next(self._seq), future=future)
         was_empty = self._queue.depth == 0
-        size_iter = iter(sizes)
-        self._queue.push(req, items, lambda _: next(size_iter))
-        if self._idle and (was_empty or self._full()):
-            self._dispatch(now_ok=True)  # an idle worker takes it now, not a loop turn later
-        elif self._idle and self._forming is None:
-            self._dispatch()
+        if n == 1 and was_empty and self._idle:
+            # The lone request (the common miss at low load): an idle worker takes it now,
+            # without a trip through the queue. The queue would hand back exactly this batch
+            # of one (nothing else waits; a key's fairness count is kept only while it has
+            # something waiting), so only what ``take`` checks on the way is checked here.
+            size = sizes[0]
+            if now + self.cost.estimate(size) > req.deadline:
+                self._observer.dropped(level, "late")
+                raise DeadlineExpired("its compute could not end before its deadline")
+            self._launch(loop, [Slot(req, 0, items[0], size, req.seq)], [(0, 1)], [[items[0]]],
+                         now + self.cost.estimate(size))
+        else:
+            size_iter = iter(sizes)
+            self._queue.push(req, items, lambda _: next(size_iter))
+            if self._idle and (was_empty or self._full()):
+                self._dispatch(now_ok=True)  # an idle worker takes it now, not a turn later
+            elif self._idle and self._forming is None:
+                self._dispatch()
         # One timer handle, not asyncio.timeout's task cancellation: it fails the future.
         timer = None if future.done() else loop.call_later(timeout, self._expire, req, timeout)
         try:
@@ -183,6 +195,8 @@ class DynamicBatcher(Generic[T, R]):
         """Wait plus compute for a new request, at its fair share of the work ahead."""
         if not self.cost.learned:
             return 0.0
+        if self._idle and not self._queue.depth:
+            return self.cost.estimate(tokens)
         running = 0.0 if self._idle else max(0.0, min(self._ends, default=now) - now)
         ahead = self._queue.tokens_ahead(level, key, tokens)
         return running + self.cost.estimate(ahead) / self.workers
@@ -244,16 +258,23 @@ class DynamicBatcher(Generic[T, R]):
             bounds = plan_groups(sizes, self._split_cost, self._max_call_size)
             groups = [[slot.item for slot in batch[lo:hi]] for lo, hi in bounds]
             end = now + self.cost.estimate(sum(sizes), len(bounds))
-            self._idle -= 1
-            self._ends.append(end)
-            try:
-                self._executor.submit(self._work, loop, batch, bounds, groups, end)
-            except RuntimeError as exc:  # the executor is shut down
-                self._idle += 1
-                self._ends.remove(end)
-                for slot in batch:
-                    fail(slot.req, BatcherClosed(str(exc)))
+            if not self._launch(loop, batch, bounds, groups, end):
                 return
+
+    def _launch(self, loop: asyncio.AbstractEventLoop, batch: list[Slot],
+                bounds: list[tuple[int, int]], groups: list[list[T]], end: float) -> bool:
+        """Hands a batch to an idle worker; False (its callers failed) when shut down."""
+        self._idle -= 1
+        self._ends.append(end)
+        try:
+            self._executor.submit(self._work, loop, batch, bounds, groups, end)
+        except RuntimeError as exc:  # the executor is shut down
+            self._idle += 1
+            self._ends.remove(end)
+            for slot in batch:
+                fail(slot.req, BatcherClosed(str(exc)))
+            return False
+        return True
 
     def _work(self, loop: asyncio.AbstractEventLoop, batch: list[Slot],
               bounds: list[tuple[int, int]], groups: list[list[T]], end: float) -> None:

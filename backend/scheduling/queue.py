@@ -144,11 +144,8 @@ class ScheduleQueue:
         self._deadlines: list[tuple[float, int, Ticket]] = []
         self._arrivals: deque[Ticket] = deque()  # oldest first, closed ones skipped
         self._seq = itertools.count()
-
-    @property
-    def depth(self) -> int:
-        """Items waiting, every level together."""
-        return sum(level.items for level in self.levels)
+        # Items waiting, every level together: kept as they come and go (read per request).
+        self.depth = 0
 
     @property
     def tokens(self) -> int:
@@ -161,6 +158,7 @@ class ScheduleQueue:
         req.queued = len(slots)
         req.queued_tokens = sum(slot.size for slot in slots)
         self.levels[req.level].push(req.key, slots)
+        self.depth += len(slots)
         heapq.heappush(self._deadlines, (req.deadline, req.seq, req))
         self._arrivals.append(req)
 
@@ -170,6 +168,7 @@ class ScheduleQueue:
             return
         req.closed = True
         self.levels[req.level].discount(req)
+        self.depth -= req.queued
         req.queued = req.queued_tokens = 0
 
     def expired(self, now: float) -> list[Ticket]:
@@ -231,6 +230,7 @@ class ScheduleQueue:
                               or (budget and expected - cost.overhead_s > budget)):
                     return batch, dropped
                 level.pop(slot)
+                self.depth -= 1
                 req.queued -= 1
                 req.queued_tokens -= slot.size
                 batch.append(slot)

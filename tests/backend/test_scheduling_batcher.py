@@ -4,6 +4,7 @@ worker thread (a small compute function held on gates) and an injected clock for
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -178,4 +179,94 @@ async def test_batches_stay_within_the_compute_bound_while_work_waits() -> None:
     compute.release()
     await asyncio.gather(held, backlog)
     assert [len(call) for call in compute.calls[1:]] == [2, 2, 2, 2]  # 20 ms each, not 80
+    await batcher.close()
+
+
+class Events:
+    """A ``BatchObserver`` that keeps what it hears."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, object, object]] = []
+
+    def batch_computed(self, size: int, compute_s: float) -> None:
+        self.heard.append(("computed", size, None))
+
+    def waited(self, level: int, seconds: float) -> None:
+        self.heard.append(("waited", level, None))
+
+    def dropped(self, level: int, reason: str) -> None:
+        self.heard.append(("dropped", level, reason))
+
+    def rejected(self, level: int, reason: str) -> None:
+        self.heard.append(("rejected", level, reason))
+
+
+async def test_a_lone_request_goes_to_an_idle_worker_at_once_and_is_counted_as_queued_ones(
+) -> None:
+    compute, clock, events = Doubler(), Clock(), Events()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(
+        compute, max_batch_size=4, size_of=lambda _: 10, clock=clock, cost=FixedCost(),
+        observer=events, policy=SchedulePolicy.uniform(
+            levels=3, default_priority=2, max_queue_size=64, default_timeout_s=60.0))
+    batcher.start()
+    compute.gates[5] = threading.Event()
+    compute.started[5] = threading.Event()
+    lone = asyncio.create_task(batcher.submit([5], priority=1))
+    await until(lambda: batcher.busy_workers == 1)
+    assert batcher.depth == 0  # never queued: the worker took it on arrival
+    # A second request finds the worker busy and waits in the queue, then goes next.
+    second = asyncio.create_task(batcher.submit([6], priority=3))
+    await until(lambda: batcher.depth == 1)
+    compute.release(5)
+    assert (await lone).results == [10] and (await second).results == [12]
+    assert compute.calls == [[5], [6]]
+    assert events.heard == [("computed", 1, None), ("waited", 0, None),
+                            ("computed", 1, None), ("waited", 2, None)]
+    await batcher.close()
+
+
+async def test_a_lone_request_in_compute_is_answered_at_its_deadline_and_the_worker_freed(
+) -> None:
+    compute, clock, events = Doubler(), Clock(), Events()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(
+        compute, max_batch_size=4, size_of=lambda _: 10, clock=clock, cost=FixedCost(),
+        observer=events, policy=SchedulePolicy.uniform(
+            levels=1, max_queue_size=64, default_timeout_s=60.0))
+    batcher.start()
+    held = await compute.hold(batcher)  # a lone request: taken by the worker on arrival
+    # One that waits in the queue past its deadline: dropped there, counted "expired".
+    with pytest.raises(DeadlineExpired, match="deadline of 20 ms passed"):
+        await asyncio.wait_for(batcher.submit([7], timeout_s=0.02), timeout=5)
+    compute.release()
+    await held
+    # A lone request whose deadline passes while it computes: answered at its deadline by
+    # its timer, not when the worker is done; nothing was dropped from the queue for it.
+    compute.gates[9] = threading.Event()
+    compute.started[9] = threading.Event()
+    with pytest.raises(DeadlineExpired, match="deadline of 20 ms passed"):
+        await asyncio.wait_for(batcher.submit([9], timeout_s=0.02), timeout=5)
+    assert batcher.busy_workers == 1  # still computing: its result will be dropped
+    compute.release(9)
+    await until(lambda: batcher.busy_workers == 0)
+    assert (await batcher.submit([11])).results == [22]  # the worker serves the next
+    assert [e for e in events.heard if e[0] == "dropped"] == [("dropped", 0, "expired")]
+    assert 7 not in compute.computed and 9 in compute.computed
+    await batcher.close()
+
+
+async def test_a_cancelled_lone_request_frees_nothing_twice() -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = batcher_of(compute, clock)
+    compute.gates[5] = threading.Event()
+    compute.started[5] = threading.Event()
+    lone = asyncio.create_task(batcher.submit([5]))
+    assert await asyncio.to_thread(compute.started[5].wait, 5)
+    lone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await lone
+    compute.release(5)
+    await until(lambda: batcher.busy_workers == 0)
+    results = await asyncio.gather(batcher.submit([1]), batcher.submit([2]))
+    assert [r.results for r in results] == [[2], [4]]
+    assert batcher.busy_workers == 0 and batcher.depth == 0
     await batcher.close()

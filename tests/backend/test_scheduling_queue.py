@@ -245,3 +245,32 @@ def test_the_backend_keeps_the_lowest_levels_batches_short_on_the_cpu() -> None:
     assert schedule_policy(one_level, 0.0, 100, on_cpu=True).budget_of(0) == 0.010
     with pytest.raises(ValueError, match="priority_batch_compute_ms"):
         ServeSettings.from_env(environ={"BACKEND_PRIORITY_BATCH_COMPUTE_MS": "-1"})
+
+
+def test_depth_follows_every_push_take_removal_and_expiry() -> None:
+    import random
+
+    rng = random.Random(7)
+    queue = make_queue()
+    feed = Feed(queue)
+    live: list[Ticket] = []
+    cost = taught(0.001)
+    now = 0.0
+    for step in range(2000):
+        op = rng.random()
+        if op < 0.45:
+            items = [f"t{step}.{i}" for i in range(rng.randint(1, 4))]
+            live.append(feed.push(*items, key=rng.choice("abc"), level=rng.randint(0, 2),
+                                  size=rng.randint(1, 40), deadline=now + rng.uniform(0, 5),
+                                  now=now))
+        elif op < 0.7:
+            queue.take(now, rng.randint(1, 6), cost)
+        elif op < 0.85 and live:
+            queue.remove(live.pop(rng.randrange(len(live))))
+        else:
+            now += rng.uniform(0, 0.5)
+            queue.expired(now)
+        assert queue.depth == sum(level.items for level in queue.levels) >= 0
+    while queue.depth:
+        queue.take(now, 8, CostModel())
+    assert all(level.items == 0 for level in queue.levels)
