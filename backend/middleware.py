@@ -11,7 +11,6 @@ exceptions are converted here too, so the process keeps serving whatever a reque
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
@@ -65,8 +64,7 @@ def request_context(*, metrics: BackendMetrics, log_requests: bool = True) -> Mi
                 }
                 if model is not None:
                     fields["model"] = model
-                # Written after the response: aiohttp sends it in this same step.
-                asyncio.get_running_loop().call_soon(write_access_line, level, fields)
+                write_access_line(level, fields)  # kept, written with others (logs.py)
         return response
 
     return middleware

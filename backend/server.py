@@ -21,6 +21,7 @@ from backend.dataplane import SERVER_NAME
 from backend.envelope import request_id
 from backend.errors import BackendError, BadRequest, DeadlineExceeded, HeadersTooLarge, UriTooLong
 from backend.handlers import json_response
+from backend.logs import access_lines
 from backend.middleware import REQUEST_ID_HEADER
 from backend.settings import ServeSettings
 from oip.parse_errors import parse_failure
@@ -51,6 +52,7 @@ async def serve(app: web.Application, settings: ServeSettings) -> None:
             await stop.wait()
     finally:
         await runner.cleanup()
+        access_lines.flush()  # the last requests' lines
 
 
 _PARSE_ERRORS: dict[int, type[BackendError]] = {

@@ -128,8 +128,8 @@ class InferenceService:
                 self._counted[(model, status)] = counter
             counter.inc()
             if self._log_requests and access_log.isEnabledFor(logging.INFO):
-                # Written after the answer: grpcio sends it once this coroutine returns.
-                asyncio.get_running_loop().call_soon(write_access_line, logging.INFO, {
+                # Kept and written with others (logs.py), after the answer has gone.
+                write_access_line(logging.INFO, {
                     "request_id": rid, "protocol": "grpc", "method": "ModelInfer",
                     "model": model, "status": status, "grpc_status": code,
                     "duration_ms": round((time.monotonic() - started) * 1000, 3)})

@@ -6,7 +6,9 @@ Callers ``await batcher.submit(items, priority=, key=, timeout_s=)``; model code
 batch holds is the queue's choice (``queue.py``: priority, then fairness, then deadlines and the
 compute bound); the batcher decides when a batch goes:
 
-- A request that finds a worker idle and nothing waiting is computed at once, alone if alone.
+- A request that finds a worker idle and nothing waiting is computed at once, alone if alone
+  (one text: handed to the worker directly, without a trip through the queue, which would
+  give back that same batch of one).
 - When a worker frees up and fewer items wait than a full batch, the oldest may wait up to
   ``max_queue_delay`` for company (by then it has usually waited that long already while the
   worker was busy, so it goes at once); a full batch goes at once.
