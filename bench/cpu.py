@@ -24,11 +24,11 @@ Cases:
   instructions, summed per object file from the dump, are subtracted: compute is the model's;
   the tokenizer, the pooling and the C library calls ONNX Runtime makes stay in). Session
   options are the backend's (one thread, spinning off).
-- ``backend``: our ``python -m backend serve`` (shipped settings, one ORT thread) answering the
-  same requests, measured the same way. Its warm-up is set to batch 1 at the floor's lengths
-  (``BACKEND_WARMUP_BATCH_SIZES=1``): the shipped warm-up of the biggest batch at every
-  length does not finish within 900 s under callgrind. Both backend cases print each object
-  file's own instructions per request.
+- ``backend``: our ``python -m backend serve`` (shipped settings, access log on, one ORT
+  thread) answering the same requests, measured the same way. Its warm-up is set to batch 1
+  at the floor's lengths (``BACKEND_WARMUP_BATCH_SIZES=1``): the shipped warm-up of the
+  biggest batch at every length does not finish within 900 s under callgrind. Both backend
+  cases print each object file's own instructions per request.
 
 ``--gateway-src`` runs another checkout's gateway package, ``--backend-src`` another checkout's
 backend package (before/after figures in one run).
@@ -335,7 +335,7 @@ def backend_case(case: str, models: Path, warmup: int, requests: int,
             argv = [*prefix, sys.executable, "-m", "backend", "serve", "--models",
                     str(models.resolve()),
                     "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
-                    "--device", "cpu", "--log-level", "WARNING"]
+                    "--device", "cpu"]  # shipped logging: the access log on
             env = clean_env(BACKEND_WARMUP_BATCH_SIZES="1", BACKEND_WARMUP_LENGTHS="8,64,256")
         service = services.Service(case, argv, env=env, cwd=str(src) if src else None)
         return services.started(service, port, "/v2/health/ready", 900.0)
