@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -182,6 +184,15 @@ async def test_batches_stay_within_the_compute_bound_while_work_waits() -> None:
     await batcher.close()
 
 
+async def until_s(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Waits (in time, not loop turns: a worker thread must get the CPU) for ``condition``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition never held")
+        await asyncio.sleep(0.005)
+
+
 class Events:
     """A ``BatchObserver`` that keeps what it hears."""
 
@@ -247,7 +258,7 @@ async def test_a_lone_request_in_compute_is_answered_at_its_deadline_and_the_wor
         await asyncio.wait_for(batcher.submit([9], timeout_s=0.02), timeout=5)
     assert batcher.busy_workers == 1  # still computing: its result will be dropped
     compute.release(9)
-    await until(lambda: batcher.busy_workers == 0)
+    await until_s(lambda: batcher.busy_workers == 0)  # the worker thread's turn
     assert (await batcher.submit([11])).results == [22]  # the worker serves the next
     assert [e for e in events.heard if e[0] == "dropped"] == [("dropped", 0, "expired")]
     assert 7 not in compute.computed and 9 in compute.computed
@@ -265,7 +276,7 @@ async def test_a_cancelled_lone_request_frees_nothing_twice() -> None:
     with pytest.raises(asyncio.CancelledError):
         await lone
     compute.release(5)
-    await until(lambda: batcher.busy_workers == 0)
+    await until_s(lambda: batcher.busy_workers == 0)  # the worker thread's turn
     results = await asyncio.gather(batcher.submit([1]), batcher.submit([2]))
     assert [r.results for r in results] == [[2], [4]]
     assert batcher.busy_workers == 0 and batcher.depth == 0
