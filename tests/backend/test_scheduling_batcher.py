@@ -18,6 +18,7 @@ from backend.scheduling import (
     WouldMissDeadline,
 )
 from backend.scheduling.cost import CostModel
+from backend.scheduling.observer import BatchObserver
 from tests.backend.test_batching import Doubler, until
 
 
@@ -45,13 +46,14 @@ class FixedCost(CostModel):
 
 
 def batcher_of(compute: Doubler, clock: Clock, *, max_batch_size: int = 4,
-               per_token_s: float = 0.0, **policy: object) -> DynamicBatcher[int, int]:
+               per_token_s: float = 0.0, observer: BatchObserver | None = None,
+               **policy: object) -> DynamicBatcher[int, int]:
     options: dict[str, object] = {"levels": 3, "max_queue_size": 64, "default_timeout_s": 60.0,
                                   "default_priority": 2}
     options.update(policy)
     batcher: DynamicBatcher[int, int] = DynamicBatcher(
         compute, max_batch_size=max_batch_size, size_of=lambda _: 10, clock=clock,
-        cost=FixedCost(per_token_s),
+        cost=FixedCost(per_token_s), observer=observer,
         policy=SchedulePolicy.uniform(**options))  # type: ignore[arg-type]
     batcher.start()
     return batcher
@@ -215,11 +217,7 @@ class Events:
 async def test_a_lone_request_goes_to_an_idle_worker_at_once_and_is_counted_as_queued_ones(
 ) -> None:
     compute, clock, events = Doubler(), Clock(), Events()
-    batcher: DynamicBatcher[int, int] = DynamicBatcher(
-        compute, max_batch_size=4, size_of=lambda _: 10, clock=clock, cost=FixedCost(),
-        observer=events, policy=SchedulePolicy.uniform(
-            levels=3, default_priority=2, max_queue_size=64, default_timeout_s=60.0))
-    batcher.start()
+    batcher = batcher_of(compute, clock, observer=events)
     compute.gates[5] = threading.Event()
     compute.started[5] = threading.Event()
     lone = asyncio.create_task(batcher.submit([5], priority=1))
@@ -239,11 +237,7 @@ async def test_a_lone_request_goes_to_an_idle_worker_at_once_and_is_counted_as_q
 async def test_a_lone_request_in_compute_is_answered_at_its_deadline_and_the_worker_freed(
 ) -> None:
     compute, clock, events = Doubler(), Clock(), Events()
-    batcher: DynamicBatcher[int, int] = DynamicBatcher(
-        compute, max_batch_size=4, size_of=lambda _: 10, clock=clock, cost=FixedCost(),
-        observer=events, policy=SchedulePolicy.uniform(
-            levels=1, max_queue_size=64, default_timeout_s=60.0))
-    batcher.start()
+    batcher = batcher_of(compute, clock, observer=events, levels=1, default_priority=1)
     held = await compute.hold(batcher)  # a lone request: taken by the worker on arrival
     # One that waits in the queue past its deadline: dropped there, counted "expired".
     with pytest.raises(DeadlineExpired, match="deadline of 20 ms passed"):
