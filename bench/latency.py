@@ -40,7 +40,10 @@ adds the gateway rows over REST of that checkout's gateway beside this one's.
 Targets (issue 16), at 1 connection, both texts: backend REST p50 <= floor (a) p50 + 0.3 ms;
 gateway miss p50 - backend direct (REST) p50 <= (floor (b) p50 - floor (a) p50) + 0.3 ms, for
 each upstream protocol and route.
-Exit code 1 when a request failed or a server would not start; a missed target is reported.
+The report also says how many cores other processes held while it measured (the machine's
+busy time less the servers' and this process's): above 0.3 cores a run is marked as not
+deciding. Exit code 1 when a request failed or a server would not start; a missed target is
+reported.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ import orjson
 from aiohttp import web
 
 from bench import loadgen, services
-from bench.procs import Cores, Service, free_port, pinned, split_cores
+from bench.procs import Cores, Service, busy_seconds, free_port, pinned, split_cores
 
 MODEL = "minilm"
 SHORT = "How do I reset my password?"
@@ -88,6 +91,7 @@ LONG = (  # ~200 tokens of ordinary prose ([CLS] and [SEP] included; the report 
 )
 TEXTS = {"short": SHORT, "~200 tokens": LONG}
 TARGET_MS = 0.3
+QUIET_CORES = 0.3  # other processes above this: the run decides nothing
 SERVICE = "/inference.GRPCInferenceService/ModelInfer"
 FLOOR_B = "floor (b): bare aiohttp proxy (one pooled ClientSession) -> (a)"
 
@@ -539,19 +543,47 @@ def main(argv: list[str]) -> int:
                 proxy_url=f"http://127.0.0.1:{proxy_port}",
                 gateway_urls={name: gw.url for name, gw in started.items()})
             client = pinned(plan.cores.client) if plan.cores.pinned else contextlib.nullcontext()
+            ours = [floor, backend, proxy, *(gw.service for gw in started.values())]
+            mark = _cpu_mark(ours)
             with client:
                 import uvloop
 
                 cells = uvloop.run(measure(plan, endpoints))
+            others = _other_cores(mark, _cpu_mark(ours))
     except (RuntimeError, OSError) as exc:
         print(f"bench latency: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(report(plan, cells), flush=True)
+    print(report(plan, cells, others), flush=True)
     return 1 if any(cell.errors for cell in cells.values()) else 0
 
 
-def report(plan: Plan, cells: dict[tuple[str, str, int], Cell]) -> str:
-    """The Markdown report: method, one table per concurrency, the targets."""
+def _cpu_mark(ours: Sequence[Service]) -> tuple[float, float, float]:
+    """(the machine's busy CPU seconds, ours: the servers' and this process's, the time)."""
+    return (busy_seconds(), sum(s.cpu_seconds() for s in ours) + time.process_time(),
+            time.monotonic())
+
+
+def _other_cores(before: tuple[float, float, float], after: tuple[float, float, float]
+                 ) -> float:
+    """Cores other processes held between two marks: the machine's busy time less ours."""
+    wall = after[2] - before[2]
+    if wall <= 0:
+        return 0.0
+    return max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
+
+
+def others_line(others: float) -> str:
+    """What the other processes' CPU says about the run."""
+    verdict = ("quiet enough to decide" if others <= QUIET_CORES else
+               f"NOT deciding: above {QUIET_CORES} cores, the load generator and the servers "
+               "lose the CPU and every path looks alike")
+    return f"Other processes held {others:.2f} cores while it measured ({verdict})."
+
+
+def report(plan: Plan, cells: dict[tuple[str, str, int], Cell],
+           others: float | None = None) -> str:
+    """The Markdown report: method, one table per concurrency, the targets; ``others``: the
+    cores other processes held while it measured (above ``QUIET_CORES``: not deciding)."""
     tokens = _token_counts(plan)
     lines = [
         f"Method: {plan.cores.describe()}; model {MODEL} fp32 on CPU, {plan.threads} ONNX "
@@ -568,6 +600,8 @@ def report(plan: Plan, cells: dict[tuple[str, str, int], Cell]) -> str:
         "its own case variant of the text (same tokens, its own cache key: no coalescing); one "
         "gateway worker, settings as shipped.",
     ]
+    if others is not None:
+        lines += ["", others_line(others)]
     for concurrency in plan.concurrency:
         lines += ["", f"**{concurrency} connection{'s' if concurrency > 1 else ''}**", "",
                   "| path | text | p50 ms | p99 ms | outside p50 ms | req/s | loop CPU us/req "
