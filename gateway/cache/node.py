@@ -264,7 +264,7 @@ class NodeCache(NodeWriter):
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         try:
-            self._put(op, args, items, None)
+            self._put(op, args, items, None, later=self._loop)
         except RuntimeError:  # closed, or the queue is full
             self._observer.cache_errors("node", items)
             return

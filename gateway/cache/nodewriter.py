@@ -9,6 +9,7 @@ reader slots of processes that died mid-read.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -60,8 +61,11 @@ class NodeWriter:
         self._put(op, args, items, fut)
         return fut
 
-    def _put(self, op: str, args: Any, items: int, fut: Future[Any] | None) -> None:
-        """Queue a job; the writer thread is started when it is not draining already."""
+    def _put(self, op: str, args: Any, items: int, fut: Future[Any] | None,
+             later: asyncio.AbstractEventLoop | None = None) -> None:
+        """Queue a job; the writer thread is started when it is not draining already. With
+        ``later`` (a background write from the loop) it is started on that loop's next turn:
+        woken now, the writer (on the same core) would run ahead of the answer being sent."""
         if self._closed:
             raise RuntimeError("node cache is closed")
         with self._lock:
@@ -72,7 +76,17 @@ class NodeWriter:
             start = not self._draining
             self._draining = True
         if start:
+            if later is not None:
+                later.call_soon(self._start_drain)
+            else:
+                self._writer.submit(self._drain)
+
+    def _start_drain(self) -> None:
+        try:
             self._writer.submit(self._drain)
+        except RuntimeError:  # shut down meanwhile: nothing will write what was queued
+            with self._lock:
+                self._draining = False
 
     def _drain(self) -> None:
         """Writer thread: run everything queued, consecutive writes merged into one

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -382,3 +383,31 @@ def test_default_node_path_is_per_deployment(monkeypatch: pytest.MonkeyPatch,
     assert NodeCacheSettings().path is None
     assert NodeCacheSettings().directory("0123abcd") == str(root / "0123abcd")
     assert NodeCacheSettings(path="/srv/node").directory("0123abcd") == "/srv/node"
+
+
+async def test_a_background_write_wakes_the_writer_on_the_next_loop_turn(
+    open_node: Factory,
+) -> None:
+    """The writer thread shares the core with the loop: woken at once, it would run its
+    transaction ahead of the answer the loop is about to send. ``store_nowait`` queues the
+    write at once (``flush`` and later writes see it) and starts the writer a turn later."""
+    rec = Recorder()
+    node = open_node(observer=rec)
+    started: list[object] = []
+    submit = node._writer.submit
+
+    def recording(fn: Any, *args: Any) -> Any:
+        started.append(fn)
+        return submit(fn, *args)
+
+    node._writer.submit = recording  # type: ignore[method-assign]
+    now = time.time()
+    a = entry(b"A", now)
+    node.store_nowait([(k("a"), a)])
+    node.store_nowait([(k("b"), entry(b"B", now))])  # joins the queued job: one wake-up
+    assert started == []  # nothing runs before this step of the loop ends
+    await asyncio.sleep(0)
+    assert len(started) == 1
+    await node.flush()
+    assert await node.get_many([k("a")]) == [a]
+    assert rec.counts[("node", "stored")] == 2
