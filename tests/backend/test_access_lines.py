@@ -70,15 +70,16 @@ async def test_a_full_buffer_is_written_at_once() -> None:
 
 
 def test_a_new_loop_gets_its_own_timer() -> None:
-    lines = AccessLines(interval_s=0.01)
+    lines = AccessLines(interval_s=0.5)
     lines.stream = stream = CountingStream()
 
-    async def one(rid: str) -> None:
+    async def one(rid: str, wait_s: float) -> None:
         lines.write(logging.INFO, {"request_id": rid})
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(wait_s)
 
-    asyncio.run(one("a"))
-    asyncio.run(one("b"))  # the first loop's timer is gone with it
+    asyncio.run(one("a", 0.0))  # the loop ends before its timer fires: the timer goes with it
+    assert stream.getvalue() == ""
+    asyncio.run(one("b", 1.0))  # a timer on this loop writes both
     assert [line["request_id"] for line in lines_of(stream)] == ["a", "b"]
 
 
