@@ -84,9 +84,11 @@ class NodeWriter:
     def _start_drain(self) -> None:
         try:
             self._writer.submit(self._drain)
-        except RuntimeError:  # shut down meanwhile: nothing will write what was queued
+        except RuntimeError as exc:  # shut down meanwhile: what was queued fails, as a write
             with self._lock:
+                jobs, self._queue, self._queued_items = self._queue, [], 0
                 self._draining = False
+            self._fail(jobs, exc)
 
     def _drain(self) -> None:
         """Writer thread: run everything queued, consecutive writes merged into one
@@ -120,6 +122,15 @@ class NodeWriter:
         except BaseException as exc:
             fut.set_exception(exc)
 
+    def _fail(self, jobs: list[_Job], exc: BaseException) -> None:
+        """Fails ``jobs``: each awaited one's future, and the unawaited writes in one report."""
+        for _, _, fut in jobs:
+            if fut is not None:
+                fut.set_exception(exc)
+        unawaited = [len(ps) + len(rs) for _, (ps, rs), fut in jobs if fut is None]
+        if unawaited:
+            self._wrote((len(unawaited), None, sum(unawaited), exc))
+
     def _write_batch(self, batch: list[_Job]) -> None:
         if not batch:
             return
@@ -129,11 +140,7 @@ class NodeWriter:
         try:
             result, _ = self._write_retrying(puts, promotes, [])
         except BaseException as exc:
-            for _, _, fut in batch:
-                if fut is not None:
-                    fut.set_exception(exc)
-            if unawaited:
-                self._wrote((len(unawaited), None, sum(unawaited), exc))
+            self._fail(batch, exc)
             return
         # One transaction for the lot: each caller gets its own count, the first the evictions;
         # the unawaited writes get theirs in one report.

@@ -411,3 +411,15 @@ async def test_a_background_write_wakes_the_writer_on_the_next_loop_turn(
     await node.flush()
     assert await node.get_many([k("a")]) == [a]
     assert rec.counts[("node", "stored")] == 2
+
+
+async def test_a_background_write_whose_writer_is_gone_fails_as_a_write_and_flush_returns(
+    open_node: Factory,
+) -> None:
+    rec = Recorder()
+    node = open_node(observer=rec)
+    node.store_nowait([(k("a"), entry(b"A", time.time()))])  # its writer starts next turn
+    node._writer.shutdown()  # gone before that turn
+    await asyncio.wait_for(node.flush(), timeout=5)  # not left waiting for a writer
+    assert rec.counts[("node", "error")] == 1
+    assert await node.get_many([k("a")]) == [None]
