@@ -20,21 +20,25 @@ import orjson
 access_log = logging.getLogger("backend.access")
 
 
+def log_entry(created: float, level: str, logger: str, msg: str, fields: Any) -> dict[str, Any]:
+    """One log line's object: ``{"ts", "level", "logger", "msg", **fields}``."""
+    entry: dict[str, Any] = {
+        "ts": dt.datetime.fromtimestamp(created, dt.UTC).isoformat(timespec="milliseconds"),
+        "level": level.lower(),
+        "logger": logger,
+        "msg": msg,
+    }
+    if isinstance(fields, dict):
+        entry.update(fields)
+    return entry
+
+
 class JsonFormatter(logging.Formatter):
     """Formats a record as ``{"ts", "level", "logger", "msg", **fields}``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
-                timespec="milliseconds"
-            ),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            entry.update(fields)
+        entry = log_entry(record.created, record.levelname, record.name, record.getMessage(),
+                          getattr(record, "fields", None))
         if record.exc_info and record.exc_info[0] is not None:
             # The exception's type and where it was raised, not its message (which may quote
             # input).
@@ -87,24 +91,14 @@ class AccessLines:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._pending:
+        stream = self.stream
+        if not self._pending or stream is None:  # (nothing is kept without a stream)
             return
         pending, self._pending = self._pending, []
-        lines = []
-        for created, level, fields in pending:
-            entry: dict[str, Any] = {
-                "ts": dt.datetime.fromtimestamp(created, dt.UTC).isoformat(
-                    timespec="milliseconds"),
-                "level": logging.getLevelName(level).lower(),
-                "logger": access_log.name,
-                "msg": "request",
-            }
-            entry.update(fields)
-            lines.append(orjson.dumps(entry, default=str).decode())
+        lines = [orjson.dumps(log_entry(created, logging.getLevelName(level), access_log.name,
+                                        "request", fields), default=str).decode()
+                 for created, level, fields in pending]
         lines.append("")
-        stream = self.stream
-        if stream is None:
-            return
         with contextlib.suppress(OSError, ValueError):  # a closed or broken stderr loses lines
             stream.write("\n".join(lines))
             stream.flush()

@@ -168,11 +168,10 @@ class DynamicBatcher(Generic[T, R]):
             # The lone request (the common miss at low load): an idle worker takes it now,
             # without a trip through the queue. The queue would hand back exactly this batch
             # of one (nothing else waits; a key's fairness count is kept only while it has
-            # something waiting), so only what ``take`` checks on the way is checked here.
+            # something waiting). What ``take`` would check on the way, that its compute ends
+            # before its deadline, is the arrival check above (``_expected_s``: idle and
+            # nothing waiting, its own compute).
             size = sizes[0]
-            if now + self.cost.estimate(size) > req.deadline:
-                self._observer.dropped(level, "late")
-                raise DeadlineExpired("its compute could not end before its deadline")
             self._launch(loop, [Slot(req, 0, items[0], size, req.seq)], [(0, 1)], [[items[0]]],
                          now + self.cost.estimate(size))
         else:
