@@ -89,10 +89,6 @@ def _add_serve(commands: Any) -> None:
                        help="per level, highest first: the compute bound of a batch that "
                             "starts at that level (default on CPU: --max-batch-compute-ms, "
                             "3 for the lowest level)")
-    serve.add_argument("--quiet-batch-compute-ms", type=float,
-                       help="once a batch holds a key's last waiting item, the compute bound "
-                            "for items of keys with more waiting (default: 3 on CPU, none on "
-                            "GPU; 0: none)")
     serve.add_argument("--fair-by", choices=["tokens", "texts"],
                        help="what fairness between keys counts (default: tokens)")
     serve.add_argument("--client-max-size", type=int,
@@ -131,8 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
              "zone", "max_batch_size", "max_queue_delay_ms", "max_queue_size",
              "max_items_per_request", "max_text_bytes_per_request", "default_timeout_ms",
              "client_max_size", "log_level", "gpu_metrics_interval_s", "priority_levels",
-             "default_priority", "max_batch_compute_ms", "priority_batch_compute_ms", "fair_by",
-             "quiet_batch_compute_ms")
+             "default_priority", "max_batch_compute_ms", "priority_batch_compute_ms", "fair_by")
     overrides = {name: getattr(args, name) for name in names}
     if overrides["models_dir"] is not None:
         overrides["models_dir"] = Path(overrides["models_dir"])

@@ -57,9 +57,6 @@ LOWEST_LEVEL_COMPUTE_MS = 3.0
 about two short texts beyond a call's fixed cost, so an interactive request that arrives while
 it computes waits a few milliseconds, not a full batch (issue 23: interactive p99 beside a
 batch)."""
-QUIET_BATCH_COMPUTE_MS = 3.0
-"""On the CPU, the quiet bound (settings.py ``quiet_batch_compute_ms``): a quiet tenant's
-request computes beside about two short texts of a flood's backlog, not a full batch of them."""
 
 log = logging.getLogger("backend.dataplane")
 
@@ -118,9 +115,6 @@ def schedule_policy(settings: ServeSettings, config_delay_ms: float, queue_size:
     budget_ms = settings.max_batch_compute_ms
     if budget_ms is None:
         budget_ms = CPU_BATCH_COMPUTE_MS if on_cpu else 0.0
-    quiet_ms = settings.quiet_batch_compute_ms
-    if quiet_ms is None:
-        quiet_ms = QUIET_BATCH_COMPUTE_MS if on_cpu else 0.0
     per_level = settings.priority_batch_compute_ms
     if per_level is None and on_cpu and settings.priority_levels > 1 and (
             not budget_ms or budget_ms > LOWEST_LEVEL_COMPUTE_MS):
@@ -136,7 +130,6 @@ def schedule_policy(settings: ServeSettings, config_delay_ms: float, queue_size:
         fair_by=settings.fair_by,
         max_queue_delay_s=(config_delay_ms if delay_ms is None else delay_ms) / 1000.0,
         max_batch_compute_s=budget_ms / 1000.0,
-        quiet_batch_compute_s=quiet_ms / 1000.0,
     )
 
 

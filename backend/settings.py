@@ -83,11 +83,6 @@ class ServeSettings:
     # the lowest, which gets LOWEST_LEVEL_COMPUTE_MS: a batch of batch-job texts alone is kept
     # short, because an interactive request arriving behind it waits for all of it.
     priority_batch_compute_ms: tuple[float, ...] | None = None
-    # Once a batch holds the last item a fairness key had waiting (a quiet tenant's request),
-    # items of keys with more waiting (a flood's backlog) join it only within this much
-    # expected compute beyond a call's fixed cost. None: QUIET_BATCH_COMPUTE_MS on the CPU, no
-    # such bound on a GPU; 0: no such bound.
-    quiet_batch_compute_ms: float | None = None
     # Texts one request may carry (also capped by the model's queue size); 400 beyond it.
     # With texts truncated to the model's max_seq_length (256 tokens for MiniLM), this is also
     # the bound on one request's compute: at most 256 x 256 tokens, so there is no token limit.
@@ -152,8 +147,6 @@ class ServeSettings:
                f"{self.fair_by!r} is not tokens|texts")
         _check(self.max_batch_compute_ms is None or self.max_batch_compute_ms >= 0,
                "max_batch_compute_ms", "must be >= 0")
-        _check(self.quiet_batch_compute_ms is None or self.quiet_batch_compute_ms >= 0,
-               "quiet_batch_compute_ms", "must be >= 0")
         _check(all(t >= 0 for t in self.priority_batch_compute_ms or ()),
                "priority_batch_compute_ms", "every bound must be >= 0")
         _check(

@@ -43,11 +43,6 @@ class SchedulePolicy:
     # items (one item at least): a request arriving behind it waits at most about this long
     # plus that fixed cost. 0: no bound.
     max_batch_compute_s: float = 0.0
-    # Once a batch holds the last item a key had waiting, items of keys with more waiting join
-    # it only while its expected compute beyond one call's fixed cost stays within this (a
-    # quiet tenant's request is not computed in a batch filled with a flood's backlog).
-    # 0: no such bound.
-    quiet_batch_compute_s: float = 0.0
     names: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -61,10 +56,8 @@ class SchedulePolicy:
                 raise ValueError("every level needs a queue size >= 1 and a timeout > 0")
             if level.max_batch_compute_s is not None and level.max_batch_compute_s < 0:
                 raise ValueError("a level's max_batch_compute must be >= 0")
-        if (self.max_queue_delay_s < 0 or self.max_batch_compute_s < 0
-                or self.quiet_batch_compute_s < 0):
-            raise ValueError("max_queue_delay, max_batch_compute and quiet_batch_compute "
-                             "must be >= 0")
+        if self.max_queue_delay_s < 0 or self.max_batch_compute_s < 0:
+            raise ValueError("max_queue_delay and max_batch_compute must be >= 0")
 
     def budget_of(self, level: int) -> float:
         """The compute bound of a batch whose highest-priority item is of ``level`` (0-based):

@@ -122,10 +122,6 @@ class FairLevel:
         if req.key in self._tokens:
             self._tokens[req.key] -= req.queued_tokens
 
-    def last_of_key(self, slot: Slot) -> bool:
-        """Whether ``slot`` (the current ``head()``) is the last item its key has waiting."""
-        return self._tokens.get(slot.req.key, 0) <= slot.size
-
     def tokens_before(self, key: str, tokens: int) -> int:
         """Tokens this level serves before ``tokens`` more from ``key`` are done, at fair
         shares: every other key's waiting tokens up to what ``key`` will have waiting."""
@@ -217,8 +213,6 @@ class ScheduleQueue:
         tokens = 0
         tightest = float("inf")
         budget = -1.0  # the bound of the level the batch starts at (policy.budget_of)
-        quiet = self.policy.quiet_batch_compute_s
-        holds_quiet = False  # the batch holds the last item a key had waiting
         for index, level in enumerate(self.levels):
             while len(batch) < max_items:
                 slot = level.head()
@@ -231,17 +225,10 @@ class ScheduleQueue:
                     continue
                 if budget < 0:
                     budget = self.policy.budget_of(index)
-                last = level.last_of_key(slot)
-                bound = budget
-                if holds_quiet and quiet and not last:
-                    # A key with more waiting does not fill a quiet key's batch past the quiet
-                    # bound; keys' last items (other quiet keys) still fill it to the budget.
-                    bound = min(budget, quiet) if budget else quiet
                 expected = cost.estimate(tokens + slot.size)
                 if batch and (now + expected > min(tightest, req.deadline)
-                              or (bound and expected - cost.overhead_s > bound)):
+                              or (budget and expected - cost.overhead_s > budget)):
                     return batch, dropped
-                holds_quiet = holds_quiet or last
                 level.pop(slot)
                 self.depth -= 1
                 req.queued -= 1

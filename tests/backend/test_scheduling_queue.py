@@ -10,11 +10,11 @@ from backend.scheduling.policy import SchedulePolicy
 from backend.scheduling.queue import ScheduleQueue, Ticket
 
 
-def make_queue(levels: int = 3, budget_s: float = 0.0, fair_by: str = "tokens",
-               quiet_s: float = 0.0) -> ScheduleQueue:
+def make_queue(levels: int = 3, budget_s: float = 0.0, fair_by: str = "tokens"
+               ) -> ScheduleQueue:
     return ScheduleQueue(SchedulePolicy.uniform(
         levels=levels, max_queue_size=100, default_timeout_s=10.0,
-        max_batch_compute_s=budget_s, fair_by=fair_by, quiet_batch_compute_s=quiet_s))
+        max_batch_compute_s=budget_s, fair_by=fair_by))
 
 
 class Feed:
@@ -150,40 +150,6 @@ def test_batches_are_bounded_in_expected_compute_but_take_one_item_at_least() ->
     assert 1 in sizes and sum(sizes) == 8
 
 
-def test_a_quiet_keys_batch_is_not_filled_with_a_floods_backlog() -> None:
-    """The quiet bound (issue 23): once a batch holds the last item a key had waiting, items
-    of a key with more waiting join only within the quiet bound; without it, to the budget."""
-    for quiet_s, expected in ((0.015, ["a0", "b0"]), (0.0, ["a0", "b0", "a1"])):
-        queue = make_queue(levels=1, budget_s=0.035, quiet_s=quiet_s)
-        feed = Feed(queue)
-        feed.push(*(f"a{i}" for i in range(10)), key="A", size=10)
-        feed.push("b0", key="B", size=10)
-        assert names(queue.take(0.0, 32, taught(0.001))[0]) == expected
-        # With B gone, A's own batches fill to the budget again (its last item included).
-        sizes = []
-        while queue.depth:
-            sizes.append(len(queue.take(0.0, 32, taught(0.001))[0]))
-        assert sizes[:2] == [3, 3]
-
-
-def test_a_quiet_key_lets_a_flood_in_within_the_quiet_bound() -> None:
-    queue = make_queue(levels=1, budget_s=0.05, quiet_s=0.03)
-    feed = Feed(queue)
-    feed.push("b0", key="B", size=10)
-    feed.push(*(f"a{i}" for i in range(10)), key="A", size=10)
-    # b0 first (it came first), then A's items while the batch stays within 30 ms (of 50).
-    assert names(queue.take(0.0, 32, taught(0.001))[0]) == ["b0", "a0", "a1"]
-
-
-def test_many_quiet_keys_still_batch_to_the_budget() -> None:
-    """Every item the last of its key: the quiet bound does not cut the batch."""
-    queue = make_queue(levels=1, budget_s=0.035, quiet_s=0.005)
-    feed = Feed(queue)
-    for i in range(6):
-        feed.push(f"k{i}", key=f"K{i}", size=10)
-    assert names(queue.take(0.0, 32, taught(0.001))[0]) == ["k0", "k1", "k2"]
-
-
 def test_a_batch_starting_at_a_level_takes_that_levels_compute_bound() -> None:
     """Per level bounds (issue 23): a batch of the lowest level's items alone stops at that
     level's short bound; one that starts at a higher level is bounded by that level's, and
@@ -279,23 +245,6 @@ def test_the_backend_keeps_the_lowest_levels_batches_short_on_the_cpu() -> None:
     assert schedule_policy(one_level, 0.0, 100, on_cpu=True).budget_of(0) == 0.010
     with pytest.raises(ValueError, match="priority_batch_compute_ms"):
         ServeSettings.from_env(environ={"BACKEND_PRIORITY_BATCH_COMPUTE_MS": "-1"})
-
-
-def test_the_quiet_bound_is_on_for_the_cpu_off_for_a_gpu_and_set_by_the_environment() -> None:
-    from backend.dataplane import QUIET_BATCH_COMPUTE_MS, schedule_policy
-    from backend.settings import ServeSettings
-
-    shipped = ServeSettings.from_env(environ={})
-    assert schedule_policy(shipped, 0.0, 100, on_cpu=True).quiet_batch_compute_s == (
-        QUIET_BATCH_COMPUTE_MS / 1000.0) > 0
-    assert schedule_policy(shipped, 0.0, 100, on_cpu=False).quiet_batch_compute_s == 0.0
-    given = ServeSettings.from_env(environ={"BACKEND_QUIET_BATCH_COMPUTE_MS": "0"})
-    assert schedule_policy(given, 0.0, 100, on_cpu=True).quiet_batch_compute_s == 0.0
-    with pytest.raises(ValueError, match="quiet_batch_compute_ms"):
-        ServeSettings.from_env(environ={"BACKEND_QUIET_BATCH_COMPUTE_MS": "-1"})
-    with pytest.raises(ValueError, match="quiet_batch_compute"):
-        SchedulePolicy.uniform(levels=1, max_queue_size=1, default_timeout_s=1.0,
-                               quiet_batch_compute_s=-0.001)
 
 
 def test_depth_follows_every_push_take_removal_and_expiry() -> None:
