@@ -89,6 +89,9 @@ def _add_serve(commands: Any) -> None:
                        help="per level, highest first: the compute bound of a batch that "
                             "starts at that level (default on CPU: --max-batch-compute-ms, "
                             "3 for the lowest level)")
+    serve.add_argument("--shared-batch-compute-ms", type=float,
+                       help="while two or more fairness keys send, the compute bound of a "
+                            "batch is at most this (default: none)")
     serve.add_argument("--fair-by", choices=["tokens", "texts"],
                        help="what fairness between keys counts (default: tokens)")
     serve.add_argument("--client-max-size", type=int,
@@ -127,7 +130,8 @@ def _serve(args: argparse.Namespace) -> int:
              "zone", "max_batch_size", "max_queue_delay_ms", "max_queue_size",
              "max_items_per_request", "max_text_bytes_per_request", "default_timeout_ms",
              "client_max_size", "log_level", "gpu_metrics_interval_s", "priority_levels",
-             "default_priority", "max_batch_compute_ms", "priority_batch_compute_ms", "fair_by")
+             "default_priority", "max_batch_compute_ms", "priority_batch_compute_ms", "fair_by",
+             "shared_batch_compute_ms")
     overrides = {name: getattr(args, name) for name in names}
     if overrides["models_dir"] is not None:
         overrides["models_dir"] = Path(overrides["models_dir"])

@@ -115,6 +115,7 @@ def schedule_policy(settings: ServeSettings, config_delay_ms: float, queue_size:
     budget_ms = settings.max_batch_compute_ms
     if budget_ms is None:
         budget_ms = CPU_BATCH_COMPUTE_MS if on_cpu else 0.0
+    shared_ms = settings.shared_batch_compute_ms or 0.0
     per_level = settings.priority_batch_compute_ms
     if per_level is None and on_cpu and settings.priority_levels > 1 and (
             not budget_ms or budget_ms > LOWEST_LEVEL_COMPUTE_MS):
@@ -130,6 +131,7 @@ def schedule_policy(settings: ServeSettings, config_delay_ms: float, queue_size:
         fair_by=settings.fair_by,
         max_queue_delay_s=(config_delay_ms if delay_ms is None else delay_ms) / 1000.0,
         max_batch_compute_s=budget_ms / 1000.0,
+        shared_batch_compute_s=shared_ms / 1000.0,
     )
 
 

@@ -83,6 +83,12 @@ class ServeSettings:
     # the lowest, which gets LOWEST_LEVEL_COMPUTE_MS: a batch of batch-job texts alone is kept
     # short, because an interactive request arriving behind it waits for all of it.
     priority_batch_compute_ms: tuple[float, ...] | None = None
+    # While two or more fairness keys (tenants) have sent within the last second, a batch's
+    # compute bound is at most this, so one tenant's request waits behind a shorter batch of
+    # another's; a tenant alone keeps the level's bound. Off (None or 0) by default: on the
+    # reference CPU 5 ms took a quiet tenant's p50 beside a flood from 23-44 to 17-18 ms but
+    # the flood's answers from 0.66-0.86 to 0.73-0.75 of capacity (docs/SCHEDULING.md).
+    shared_batch_compute_ms: float | None = None
     # Texts one request may carry (also capped by the model's queue size); 400 beyond it.
     # With texts truncated to the model's max_seq_length (256 tokens for MiniLM), this is also
     # the bound on one request's compute: at most 256 x 256 tokens, so there is no token limit.
@@ -147,6 +153,8 @@ class ServeSettings:
                f"{self.fair_by!r} is not tokens|texts")
         _check(self.max_batch_compute_ms is None or self.max_batch_compute_ms >= 0,
                "max_batch_compute_ms", "must be >= 0")
+        _check(self.shared_batch_compute_ms is None or self.shared_batch_compute_ms >= 0,
+               "shared_batch_compute_ms", "must be >= 0")
         _check(all(t >= 0 for t in self.priority_batch_compute_ms or ()),
                "priority_batch_compute_ms", "every bound must be >= 0")
         _check(

@@ -43,6 +43,11 @@ class SchedulePolicy:
     # items (one item at least): a request arriving behind it waits at most about this long
     # plus that fixed cost. 0: no bound.
     max_batch_compute_s: float = 0.0
+    # While two or more fairness keys have sent within ``active_window_s``, a batch's compute
+    # bound is at most this (a request of one arrives behind a shorter batch of another's);
+    # one key alone keeps its level's bound. 0: no such bound.
+    shared_batch_compute_s: float = 0.0
+    active_window_s: float = 1.0
     names: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -56,8 +61,12 @@ class SchedulePolicy:
                 raise ValueError("every level needs a queue size >= 1 and a timeout > 0")
             if level.max_batch_compute_s is not None and level.max_batch_compute_s < 0:
                 raise ValueError("a level's max_batch_compute must be >= 0")
-        if self.max_queue_delay_s < 0 or self.max_batch_compute_s < 0:
-            raise ValueError("max_queue_delay and max_batch_compute must be >= 0")
+        if (self.max_queue_delay_s < 0 or self.max_batch_compute_s < 0
+                or self.shared_batch_compute_s < 0):
+            raise ValueError("max_queue_delay, max_batch_compute and shared_batch_compute "
+                             "must be >= 0")
+        if self.active_window_s <= 0:
+            raise ValueError("active_window must be > 0")
 
     def budget_of(self, level: int) -> float:
         """The compute bound of a batch whose highest-priority item is of ``level`` (0-based):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -146,6 +146,8 @@ class ScheduleQueue:
         self._seq = itertools.count()
         # Items waiting, every level together: kept as they come and go (read per request).
         self.depth = 0
+        # Fairness keys by when each last pushed, oldest first (the shared bound's count).
+        self._seen: OrderedDict[str, float] = OrderedDict()
 
     @property
     def tokens(self) -> int:
@@ -161,6 +163,9 @@ class ScheduleQueue:
         self.depth += len(slots)
         heapq.heappush(self._deadlines, (req.deadline, req.seq, req))
         self._arrivals.append(req)
+        seen = self._seen
+        seen[req.key] = req.enqueued
+        seen.move_to_end(req.key)
 
     def remove(self, req: Ticket) -> None:
         """Takes what is left of ``req`` out of the queue (its other results may be running)."""
@@ -204,6 +209,17 @@ class ScheduleQueue:
         higher = sum(lv.tokens for lv in self.levels[:level])
         return higher + self.levels[level].tokens_before(key, tokens)
 
+    def active_keys(self, now: float) -> int:
+        """Fairness keys that pushed within the last ``policy.active_window_s``."""
+        seen = self._seen
+        horizon = now - self.policy.active_window_s
+        while seen:
+            key, when = next(iter(seen.items()))
+            if when >= horizon:
+                break
+            del seen[key]
+        return len(seen)
+
     def take(self, now: float, max_items: int, cost: CostModel
              ) -> tuple[list[Slot], list[Ticket]]:
         """The next batch (at most ``max_items``) and the requests dropped on the way because
@@ -213,6 +229,9 @@ class ScheduleQueue:
         tokens = 0
         tightest = float("inf")
         budget = -1.0  # the bound of the level the batch starts at (policy.budget_of)
+        shared = self.policy.shared_batch_compute_s
+        if shared and self.active_keys(now) < 2:
+            shared = 0.0
         for index, level in enumerate(self.levels):
             while len(batch) < max_items:
                 slot = level.head()
@@ -225,6 +244,8 @@ class ScheduleQueue:
                     continue
                 if budget < 0:
                     budget = self.policy.budget_of(index)
+                    if shared and (not budget or budget > shared):
+                        budget = shared  # several keys sending: shorter batches
                 expected = cost.estimate(tokens + slot.size)
                 if batch and (now + expected > min(tightest, req.deadline)
                               or (budget and expected - cost.overhead_s > budget)):

@@ -274,3 +274,52 @@ def test_depth_follows_every_push_take_removal_and_expiry() -> None:
     while queue.depth:
         queue.take(now, 8, CostModel())
     assert all(level.items == 0 for level in queue.levels)
+
+
+def test_while_several_keys_send_batches_take_the_shared_bound() -> None:
+    """The shared bound (issue 23): with two keys sending in the last second a batch is bounded
+    at ``shared_batch_compute_s``; one key alone keeps the level's bound, again once the other
+    key has been quiet for the window."""
+    queue = ScheduleQueue(SchedulePolicy.uniform(
+        levels=1, max_queue_size=100, default_timeout_s=10.0, max_batch_compute_s=0.035,
+        shared_batch_compute_s=0.015, active_window_s=1.0))
+    feed = Feed(queue)
+    feed.push(*(f"a{i}" for i in range(20)), key="A", size=10)
+    assert len(queue.take(0.0, 32, taught(0.001))[0]) == 3  # A alone: 3 x 10 ms <= 35 ms
+    feed.push("b0", key="B", size=10, now=0.5)
+    # Two keys: 15 ms, one item of 10 each (A's older item first: B is lifted to A's count).
+    assert names(queue.take(0.5, 32, taught(0.001))[0]) == ["a3"]
+    assert names(queue.take(0.55, 32, taught(0.001))[0]) == ["b0"]
+    assert len(queue.take(0.6, 32, taught(0.001))[0]) == 1  # B sent 0.1 s ago: still shared
+    assert queue.active_keys(1.4) == 1  # A pushed at 0 (forgotten), B at 0.5
+    assert len(queue.take(1.6, 32, taught(0.001))[0]) == 3  # both quiet past the window
+    assert queue.active_keys(1.6) == 0
+
+
+def test_the_shared_bound_never_raises_a_levels_shorter_bound() -> None:
+    queue = ScheduleQueue(SchedulePolicy.uniform(
+        levels=2, max_queue_size=100, default_timeout_s=10.0, max_batch_compute_s=0.035,
+        batch_compute_s=[0.035, 0.005], shared_batch_compute_s=0.025))
+    feed = Feed(queue)
+    feed.push(*(f"low{i}" for i in range(5)), key="A", level=1, size=10)
+    feed.push(*(f"o{i}" for i in range(5)), key="B", level=1, size=10)
+    assert len(queue.take(0.0, 32, taught(0.001))[0]) == 1  # the level's 5 ms, not 25
+
+
+def test_the_shared_bound_is_off_unless_set_and_set_by_the_environment() -> None:
+    from backend.dataplane import schedule_policy
+    from backend.settings import ServeSettings
+
+    shipped = ServeSettings.from_env(environ={})
+    for on_cpu in (True, False):
+        assert schedule_policy(shipped, 0.0, 100, on_cpu=on_cpu).shared_batch_compute_s == 0.0
+    given = ServeSettings.from_env(environ={"BACKEND_SHARED_BATCH_COMPUTE_MS": "5"})
+    assert schedule_policy(given, 0.0, 100, on_cpu=True).shared_batch_compute_s == 0.005
+    with pytest.raises(ValueError, match="shared_batch_compute_ms"):
+        ServeSettings.from_env(environ={"BACKEND_SHARED_BATCH_COMPUTE_MS": "-1"})
+    with pytest.raises(ValueError, match="shared_batch_compute"):
+        SchedulePolicy.uniform(levels=1, max_queue_size=1, default_timeout_s=1.0,
+                               shared_batch_compute_s=-0.001)
+    with pytest.raises(ValueError, match="active_window"):
+        SchedulePolicy.uniform(levels=1, max_queue_size=1, default_timeout_s=1.0,
+                               active_window_s=0.0)
