@@ -23,8 +23,8 @@ A request either gets a slot at once, waits in its tier's queue, or is shed at o
 While a tenant's last call had to queue or was shed, ``refuse_early`` makes the same decision
 for its next requests before their policy and lookups (gateway/http/serve.py holds the 503s of
 ``wait`` and ``queue_full`` for ``refusal_hold_s``). An interactive call of a tenant that holds
-no slot in the tier gets one at once while the slots held stay within the limit plus the
-interactive reserve (``_now``).
+no slot in the tier, or holds fewer than its share, gets one at once while the other
+tenants' slots stay within the limit plus the interactive reserve (``_now``).
 
 The queue is not FIFO across tenants (gateway/upstream/admission/fairqueue.py): ``interactive``
 waiters go before ``batch`` ones, and batch-class calls hold at most the limit less a quarter
@@ -310,19 +310,26 @@ class Admission:
     def _now(self, state: _TierQueue, cls: Priority, tenant: str = PUBLIC) -> bool:
         """Whether a call of the class gets a slot at once: one is free to it and no waiter
         that would be served first waits (batch waiters held at their share do not count
-        against an interactive call). An interactive call of a tenant that holds no slot
-        also gets one at once while the slots held stay within the limit plus the reserve
-        kept for interactive calls: a quiet tenant goes straight to the backend, whose
-        scheduler puts it before a flooding tenant's calls, instead of waiting for one of
-        the flood's calls to end."""
+        against an interactive call). An interactive call of a tenant under its share (one
+        that holds no slot, or whose slots with this one stay within its weighted share of
+        the limit, ``_over_share``) also gets one at once while the other tenants' slots stay
+        within the limit plus the reserve kept for interactive calls: a quiet tenant goes
+        straight to the backend, whose scheduler puts it before a flooding tenant's calls,
+        instead of waiting for one of the flood's calls to end; its calls beyond the limit
+        are bounded by its share."""
         if cls == BATCH:
             return not state.waiters and self._free(state, batch=True)
         if not state.waiters.waiting(INTERACTIVE) and self._free(state, batch=False):
             return True
-        if tenant in state.holders or state.waiters.queued_of(tenant, INTERACTIVE):
+        if state.waiters.queued_of(tenant, INTERACTIVE):
+            return False
+        held = state.holders.get(tenant, 0)
+        if held and self._over_share(state, tenant, self._weight(tenant), INTERACTIVE):
             return False
         limit = self._limit_of(state)
-        return state.active < limit + _interactive_reserve(limit)
+        # The tenant's own slots do not count: one under its share sends its next call while
+        # its first computes, instead of waiting for one of the flood's calls to end.
+        return state.active - held < limit + _interactive_reserve(limit)
 
     def _free(self, state: _TierQueue, batch: bool) -> bool:
         """Whether a call of the class may take a slot now: under the limit and, for a

@@ -229,19 +229,31 @@ async def test_wait_bound_sheds_the_tenant_over_its_share_not_the_one_under_it()
         await admission.acquire("zone", deadline=later(60), tenant="a")
     assert over.value.reason == "wait"
     quiet = await admission.acquire("zone", deadline=later(60), tenant="b")  # holds none: now
-    # b's next call would wait a turn at least (25 ms > 20 ms) but b, with it, holds and
-    # waits for 2 of the limit's 4: its share beside a. It queues.
+    # b's next call, with it, holds 2 of the limit's 4: its share beside a. Its own slots do
+    # not count against the limit and reserve (a's 4 < 4 + 1): a slot at once, over the limit.
     assert admission.check("zone", deadline=later(60), tenant="b") is None
-    second = asyncio.create_task(admission.acquire("zone", deadline=later(60), tenant="b"))
-    await asyncio.sleep(0)
-    assert admission.tenants("zone")["b"] == (1, 1)
+    second = await admission.acquire("zone", deadline=later(60), tenant="b")
+    assert admission.tenants("zone")["b"] == (2, 0) and admission.inflight("zone") == 6
     with pytest.raises(Overloaded) as past:  # a third: 3 of 4 against a share of 2
         await admission.acquire("zone", deadline=later(60), tenant="b")
     assert past.value.reason == "wait"
+    # c holds none and is under its share (1 of 4 among three), but a's and b's 6 slots are
+    # past the limit and reserve: it queues, and the wait bound (25 ms > 20 ms) does not shed
+    # it, as it is under its share; the fair queue serves it first.
+    third = asyncio.create_task(admission.acquire("zone", deadline=later(60), tenant="c"))
+    await asyncio.sleep(0)
+    assert admission.tenants("zone")["c"] == (0, 1)
     assert shed(registry, "wait") == 2
-    for slot in [*flood, quiet]:
+    for slot in flood[:2]:  # 4 held: b's slots over the limit count, nothing is granted
         slot.release()
-    for task in [*backlog, second]:
+    await asyncio.sleep(0)
+    assert admission.tenants("zone")["c"] == (0, 1)
+    flood[2].release()  # 3 held: one free, and c goes before a's backlog
+    await asyncio.sleep(0)
+    assert admission.tenants("zone")["c"] == (1, 0) and admission.queue_depth("zone") == 2
+    for slot in [flood[3], quiet, second]:
+        slot.release()
+    for task in [*backlog, third]:
         (await task).release()
     assert admission.inflight("zone") == 0 and admission.queue_depth("zone") == 0
 
