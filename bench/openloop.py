@@ -72,6 +72,7 @@ class _Head:
     length: int | None  # None: chunked
     retry_after: bool
     close: bool  # the server said ``Connection: close``
+    timing: dict[str, float] | None = None  # ``Server-Timing`` stages, ms (``t_<name>``)
 
 
 def run(
@@ -89,8 +90,9 @@ def run(
 ) -> Result:
     """Sends ``make(i)`` (a whole HTTP/1.1 request, keep-alive) at ``i / rate_per_s`` s.
 
-    Samples are in index order; a 503 (or any status) with a ``Retry-After`` header has
-    ``info == {"retry_after": 1.0}`` (0.0 without it), other responses ``info is None``.
+    Samples are in index order; a 503 has ``info["retry_after"]`` 1.0 with a ``Retry-After``
+    header (0.0 without it); an answer with ``Server-Timing`` has each stage's duration (ms)
+    as ``info["t_<stage>"]``; other responses ``info is None``.
     """
     if not (rate_per_s > 0 and requests >= 0 and max_duration_s > 0 and timeout_s > 0
             and max_connections >= 1 and warm_connections >= 0):
@@ -276,7 +278,7 @@ class _Run:
         head = _parse_head(conn.buffer)
         if head is None or not _complete(conn.buffer, head):
             return
-        self._record(conn, head.status, None, stamp, head.retry_after)
+        self._record(conn, head.status, None, stamp, head.retry_after, head.timing)
         conn.index = -1
         conn.buffer.clear()
         if head.close:
@@ -295,8 +297,10 @@ class _Run:
         self._close(conn)
 
     def _record(self, conn: _Conn, status: int, error: str | None, stamp: int,
-                retry_after: bool) -> None:
-        info = {"retry_after": float(retry_after)} if status == 503 else None
+                retry_after: bool, timing: dict[str, float] | None = None) -> None:
+        info: dict[str, float] | None = dict(timing) if timing else None
+        if status == 503:
+            info = {**(info or {}), "retry_after": float(retry_after)}
         self.samples.append(Sample(
             conn.index, (conn.sent_ns - self.start_ns) / 1e9, (stamp - conn.due_ns) / 1e9,
             (conn.sent_ns - conn.due_ns) / 1e9, status, error, info))
@@ -311,6 +315,7 @@ def _parse_head(buffer: bytearray) -> _Head | None:
     status = int(lines[0].split(" ", 2)[1])
     length: int | None = 0
     retry_after = close = False
+    timing: dict[str, float] | None = None
     for line in lines[1:]:
         name, _, value = line.partition(":")
         name = name.strip().lower()
@@ -322,7 +327,23 @@ def _parse_head(buffer: bytearray) -> _Head | None:
             retry_after = True
         elif name == "connection" and value.strip().lower() == "close":
             close = True
-    return _Head(status, end + 4, length, retry_after, close)
+        elif name == "server-timing":
+            timing = server_timing(value)
+    return _Head(status, end + 4, length, retry_after, close, timing)
+
+
+def server_timing(value: str) -> dict[str, float]:
+    """``Server-Timing: queue;dur=1.2, compute;dur=3.4`` -> ``{"t_queue": 1.2, ...}`` (ms);
+    entries without a readable ``dur`` are left out."""
+    found: dict[str, float] = {}
+    for entry in value.split(","):
+        name, _, params = entry.strip().partition(";")
+        for param in params.split(";"):
+            key, _, number = param.strip().partition("=")
+            if key == "dur" and name:
+                with contextlib.suppress(ValueError):
+                    found["t_" + name.strip()] = float(number)
+    return found
 
 
 def _complete(buffer: bytearray, head: _Head) -> bool:

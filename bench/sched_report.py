@@ -132,6 +132,7 @@ def report(setup: Setup, calibration: Calibration, rounds: list[Round], started:
     for r in rounds:
         for p in r.phases.values():
             lines += _phase_rows(p)
+    lines += _where_b_waits(rounds)
     batches = [(r.number, r.c, r.batch) for r in rounds if r.batch is not None]
     if batches:
         lines += ["", "| round | batch lines | completed before B | completed while B ran "
@@ -163,6 +164,51 @@ def report(setup: Setup, calibration: Calibration, rounds: list[Round], started:
             f"{b.computed:.0f} | {b.computed / max(1, len(served)):.2f} | {b.other_cpu:.2f} |")
     lines += _targets(rounds)
     return "\n".join(lines)
+
+
+#: The phases whose B answers ``_where_b_waits`` splits by stage.
+B_PHASES = (QUIET_03, NOISY, QUIET_06, BATCH)
+
+
+def b_stages(p: Phase) -> dict[str, list[float]]:
+    """B's 2xx answers in ``p`` split by ``Server-Timing`` (ms): the backend's queue (the
+    batch computing when the call came) and compute (its own batch), the gateway's part
+    (its ``total`` less those two: policy, lookups, admission wait, the hop) and the time
+    before the gateway's clock started (the generator's latency less ``total``: the sockets
+    and the gateway's event loop reaching the request)."""
+    stages: dict[str, list[float]] = {"backend queue": [], "backend compute": [],
+                                      "gateway": [], "before the gateway": []}
+    for s in p.of("b"):
+        info = s.info or {}
+        if s.status != 200 or "t_total" not in info:
+            continue
+        queue, compute = info.get("t_queue", 0.0), info.get("t_compute", 0.0)
+        stages["backend queue"].append(queue)
+        stages["backend compute"].append(compute)
+        stages["gateway"].append(info["t_total"] - queue - compute)
+        stages["before the gateway"].append(s.latency_s * 1000.0 - info["t_total"])
+    return stages
+
+
+def _where_b_waits(rounds: list[Round]) -> list[str]:
+    """A table of B's time by stage (p50 / p99 ms) in each round's B phases."""
+    rows = []
+    for r in rounds:
+        for key in B_PHASES:
+            p = r.phases.get(key)
+            if p is None:
+                continue
+            stages = b_stages(p)
+            if not stages["gateway"]:
+                continue
+            cells = " | ".join(f"{loadgen.percentile(v, 50):.1f} / {loadgen.percentile(v, 99):.1f}"
+                               for v in stages.values())
+            rows.append(f"| {r.number} | {p.name} | {len(stages['gateway'])} | {cells} |")
+    if not rows:
+        return []
+    return ["", "Where B's time goes, from each answer's `Server-Timing` (p50 / p99 ms):", "",
+            "| round | phase | answers | backend queue | backend compute | gateway "
+            "| before the gateway |", "| ---: | --- | ---: | --- | --- | --- | --- |", *rows]
 
 
 def _reasons(counts: dict[str, float]) -> str:

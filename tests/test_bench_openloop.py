@@ -52,6 +52,11 @@ async def _once(_request: web.Request) -> web.Response:
     return response
 
 
+async def _timed(_request: web.Request) -> web.Response:
+    return web.Response(text="timed", headers={
+        "Server-Timing": "queue;dur=1.5, compute;dur=4.25;desc=x, bad;dur=?, miss, total;dur=7"})
+
+
 async def _hang(_request: web.Request) -> web.Response:
     await asyncio.sleep(30)
     return web.Response(text="late")
@@ -76,7 +81,7 @@ def server() -> Iterator[int]:
         app = web.Application()
         for path, handler in (("/ok", _ok), ("/slow", _slow), ("/shed", _shed),
                               ("/bare503", _bare503), ("/chunked", _chunked), ("/hang", _hang),
-                              ("/once", _once), ("/close", _close)):
+                              ("/once", _once), ("/close", _close), ("/timed", _timed)):
             app.router.add_post(path, handler)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await runner.setup()
@@ -111,6 +116,17 @@ def test_every_request_answered_with_status_and_kernel_stamps(server: int) -> No
     assert result.stopped_by == "count" and result.shed == 0
     assert result.kernel_stamps is (sys.platform == "linux")
     assert 1 <= result.connections < 60  # keep-alive: connections were reused
+
+
+def test_server_timing_stages_come_back_in_info(server: int) -> None:
+    """Each answer's ``Server-Timing`` durations (ms) are in ``info`` as ``t_<stage>``;
+    entries without a readable ``dur`` are left out; a 503 keeps its ``retry_after``."""
+    result = openloop.run("127.0.0.1", server, requests_to(server, "/timed", "/ok", "/shed"),
+                          rate_per_s=200, requests=6, max_duration_s=5)
+    infos = {s.index % 3: s.info for s in result.samples}
+    assert infos == {0: {"t_queue": 1.5, "t_compute": 4.25, "t_total": 7.0}, 1: None,
+                     2: {"retry_after": 1.0}}
+    assert openloop.server_timing("a;dur=1;x=2, b;desc=y, c;dur=3") == {"t_a": 1.0, "t_c": 3.0}
 
 
 def test_latency_counts_the_whole_response(server: int) -> None:

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from bench import sched, sched_flood
+from bench import sched, sched_flood, sched_report
 from bench.loadgen import LoadResult, Sample
 from bench.procs import split_cores
 from bench.sched_report import (
@@ -252,6 +252,30 @@ def test_the_report_leaves_the_extra_table_out_without_the_extra_phases() -> Non
     text = report(setup, Calibration({8: closed(100, 0)}), [a_round(extra=False)], "now")
     assert "extra, not the issue's set-up" not in text
     assert "| Noisy (A closed loop): B goodput | 1.000 |" in text
+
+
+def test_bs_time_is_split_by_its_answers_server_timing() -> None:
+    """Each B answer's stages: the backend's queue and compute, the gateway's part of its
+    total, and what came before the gateway's clock; 503s and answers without timing are
+    left out; the table names each B phase of each round."""
+    def timed(i: int, status: int, ms: float, **t: float) -> Sample:
+        return dataclasses.replace(sample(i, status, ms), info={f"t_{k}": v for k, v in t.items()})
+
+    samples = [timed(0, 200, 20.0, queue=6.0, compute=8.0, total=19.0),
+               timed(1, 200, 12.0, queue=2.0, compute=5.0, total=10.0),
+               timed(2, 503, 3.0, total=1.0), sample(3, 200, 9.0)]
+    noisy = Phase("A closed loop + B", 1, 1.0, LoadResult("open", samples, 1.0, 4),
+                  lambda i: "b", 0.0)
+    stages = sched_report.b_stages(noisy)
+    assert stages == {"backend queue": [6.0, 2.0], "backend compute": [8.0, 5.0],
+                      "gateway": [5.0, 3.0], "before the gateway": [1.0, 2.0]}
+    r = Round(1, 100.0, {NOISY: noisy})
+    text = report(Setup(split_cores(), 1, 2.0, 3.0, 64, 10_000), Calibration(), [r], "now")
+    # loadgen.percentile interpolates: the p50 of two values is their mean
+    assert "| 1 | A closed loop + B | 2 | 4.0 / 6.0 | 6.5 / 8.0 | 4.0 / 5.0 | 1.5 / 2.0 |" in text
+    bare = Round(1, 100.0, {NOISY: phase("B", lambda i: "b", [(200, 5.0)])})
+    assert "Where B's time goes" not in report(
+        Setup(split_cores(), 1, 2.0, 3.0, 64, 10_000), Calibration(), [bare], "now")
 
 
 def test_an_empty_run_still_reports() -> None:
