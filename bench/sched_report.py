@@ -1,5 +1,6 @@
 """The Markdown report of ``python -m bench sched``: how C was found, one row per phase and
-tenant, the Batch API batch, the burst, and the issue's targets (medians over the rounds), with
+tenant (with the CPU the hypervisor gave other machines, ``steal``), the Batch API batch, the
+burst, and the issue's targets (medians over the rounds), with
 the extra open-loop variants in rows of their own."""
 
 from __future__ import annotations
@@ -125,9 +126,9 @@ def report(setup: Setup, calibration: Calibration, rounds: list[Round], started:
         f"- {calibration.describe()}",
         "",
         "| round | phase | offered req/s | tenant | sent | 2xx | goodput | 2xx/s | p50 ms "
-        "| p99 ms | 503 | other statuses | ours CPU | other CPU |",
+        "| p99 ms | 503 | other statuses | ours CPU | other CPU | steal |",
         "| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
-        "| ---: | ---: |",
+        "| ---: | ---: | ---: |",
     ]
     for r in rounds:
         for p in r.phases.values():
@@ -228,7 +229,7 @@ def _phase_rows(p: Phase) -> list[str]:
             f"| {p.round} | {p.name} | {p.offered:.0f} | {tenant} | {len(mine)} | "
             f"{codes.get(200, 0)} | {p.goodput(tenant):.3f} | {p.rate_2xx(tenant):.1f} | "
             f"{p.p(tenant, 50):.2f} | {p.p(tenant, 99):.2f} | {codes.get(503, 0)} | "
-            f"{other or '-'} | {p.gateway_cpu:.2f} | {p.other_cpu:.2f} |")
+            f"{other or '-'} | {p.gateway_cpu:.2f} | {p.other_cpu:.2f} | {p.steal:.2f} |")
     return rows
 
 
@@ -307,7 +308,23 @@ def _targets(rounds: list[Round]) -> list[str]:
         lines += ["", "| extra, not the issue's set-up (open-loop variants) | measured | goal "
                   "| met |", "| --- | ---: | ---: | :---: |", *shown]
     lines.append(f"\n- C per round: {', '.join(f'{r.c:.1f}' for r in rounds)} 2xx/s.")
+    spread = c_spread(rounds)
+    if spread > C_SPREAD:
+        lines.append(f"- **C moved {spread:.0%} between rounds** (more than {C_SPREAD:.0%}): the "
+                     "machine's speed changed during the run, and every ratio to C moves with "
+                     "it; read the absolute figures, or run again.")
     return lines
+
+
+#: How far C may move between rounds before the report says the ratios to C do not decide.
+C_SPREAD = 0.15
+
+
+def c_spread(rounds: list[Round]) -> float:
+    """(largest C - smallest C) / smallest C over the rounds that measured one (0 with fewer
+    than two)."""
+    cs = [r.c for r in rounds if r.c > 0 and not math.isnan(r.c)]
+    return (max(cs) - min(cs)) / min(cs) if len(cs) > 1 else 0.0
 
 
 def _merge(rows: list[Row]) -> list[Row]:

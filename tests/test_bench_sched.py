@@ -265,7 +265,7 @@ def test_bs_time_is_split_by_its_answers_server_timing() -> None:
                timed(1, 200, 12.0, queue=2.0, compute=5.0, total=10.0),
                timed(2, 503, 3.0, total=1.0), sample(3, 200, 9.0)]
     noisy = Phase("A closed loop + B", 1, 1.0, LoadResult("open", samples, 1.0, 4),
-                  lambda i: "b", 0.0)
+                  lambda i: "b", 0.25)  # 0.25 cores of steal
     stages = sched_report.b_stages(noisy)
     assert stages == {"backend queue": [6.0, 2.0], "backend compute": [8.0, 5.0],
                       "gateway": [5.0, 3.0], "before the gateway": [1.0, 2.0]}
@@ -273,9 +273,20 @@ def test_bs_time_is_split_by_its_answers_server_timing() -> None:
     text = report(Setup(split_cores(), 1, 2.0, 3.0, 64, 10_000), Calibration(), [r], "now")
     # loadgen.percentile interpolates: the p50 of two values is their mean
     assert "| 1 | A closed loop + B | 2 | 4.0 / 6.0 | 6.5 / 8.0 | 4.0 / 5.0 | 1.5 / 2.0 |" in text
+    # the phase row ends with ours CPU, other CPU and steal (cores)
+    assert "| 1 | A closed loop + B | 1 | b | 4 | 3 |" in text and "| 0.00 | 0.00 | 0.25 |" in text
     bare = Round(1, 100.0, {NOISY: phase("B", lambda i: "b", [(200, 5.0)])})
     assert "Where B's time goes" not in report(
         Setup(split_cores(), 1, 2.0, 3.0, 64, 10_000), Calibration(), [bare], "now")
+
+
+def test_the_report_says_when_c_moved_too_much_between_rounds() -> None:
+    setup = Setup(split_cores(), 2, 2.0, 3.0, 64, 10_000)
+    steady = report(setup, Calibration(), [Round(1, 100.0), Round(2, 114.0)], "now")
+    assert "C moved" not in steady
+    moved = report(setup, Calibration(), [Round(1, 100.0), Round(2, 130.0)], "now")
+    assert "**C moved 30% between rounds**" in moved
+    assert sched_report.c_spread([Round(1, 100.0), Round(2, math.nan)]) == 0.0
 
 
 def test_an_empty_run_still_reports() -> None:
