@@ -146,8 +146,11 @@ class ScheduleQueue:
         self._seq = itertools.count()
         # Items waiting, every level together: kept as they come and go (read per request).
         self.depth = 0
-        # Fairness keys by when each last pushed, oldest first (the shared bound's count).
-        self._seen: OrderedDict[str, float] = OrderedDict()
+        # Fairness keys by when each last pushed, oldest first: the shared bound's count, kept
+        # only while that bound is set (``active_keys`` is its one reader, and forgets keys
+        # past the window only when it reads).
+        self._seen: OrderedDict[str, float] | None = (
+            OrderedDict() if policy.shared_batch_compute_s else None)
 
     @property
     def tokens(self) -> int:
@@ -164,8 +167,9 @@ class ScheduleQueue:
         heapq.heappush(self._deadlines, (req.deadline, req.seq, req))
         self._arrivals.append(req)
         seen = self._seen
-        seen[req.key] = req.enqueued
-        seen.move_to_end(req.key)
+        if seen is not None:
+            seen[req.key] = req.enqueued
+            seen.move_to_end(req.key)
 
     def remove(self, req: Ticket) -> None:
         """Takes what is left of ``req`` out of the queue (its other results may be running)."""
@@ -210,8 +214,11 @@ class ScheduleQueue:
         return higher + self.levels[level].tokens_before(key, tokens)
 
     def active_keys(self, now: float) -> int:
-        """Fairness keys that pushed within the last ``policy.active_window_s``."""
+        """Fairness keys that pushed within the last ``policy.active_window_s`` (0 without a
+        shared bound: none are kept)."""
         seen = self._seen
+        if seen is None:
+            return 0
         horizon = now - self.policy.active_window_s
         while seen:
             key, when = next(iter(seen.items()))

@@ -296,6 +296,16 @@ def test_while_several_keys_send_batches_take_the_shared_bound() -> None:
     assert queue.active_keys(1.6) == 0
 
 
+def test_without_a_shared_bound_no_key_is_kept() -> None:
+    """The keys' last push times are the shared bound's only: off, a stream of distinct keys
+    leaves nothing behind."""
+    queue = make_queue(levels=1)
+    feed = Feed(queue)
+    for i in range(100):
+        feed.push(f"x{i}", key=f"K{i}")
+    assert queue.active_keys(0.0) == 0 and queue._seen is None
+
+
 def test_the_shared_bound_never_raises_a_levels_shorter_bound() -> None:
     queue = ScheduleQueue(SchedulePolicy.uniform(
         levels=2, max_queue_size=100, default_timeout_s=10.0, max_batch_compute_s=0.035,
