@@ -70,7 +70,7 @@ import orjson
 from aiohttp import web
 
 from bench import loadgen, services
-from bench.procs import Cores, Service, busy_seconds, free_port, pinned, split_cores
+from bench.procs import Cores, Meter, Service, free_port, pinned, split_cores
 
 MODEL = "minilm"
 SHORT = "How do I reset my password?"
@@ -543,33 +543,17 @@ def main(argv: list[str]) -> int:
                 proxy_url=f"http://127.0.0.1:{proxy_port}",
                 gateway_urls={name: gw.url for name, gw in started.items()})
             client = pinned(plan.cores.client) if plan.cores.pinned else contextlib.nullcontext()
-            ours = [floor, backend, proxy, *(gw.service for gw in started.values())]
-            mark = _cpu_mark(ours)
+            meter = Meter([floor, backend, proxy, *(gw.service for gw in started.values())])
             with client:
                 import uvloop
 
                 cells = uvloop.run(measure(plan, endpoints))
-            others = _other_cores(mark, _cpu_mark(ours))
+            others = meter.stop()
     except (RuntimeError, OSError) as exc:
         print(f"bench latency: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(report(plan, cells, others), flush=True)
     return 1 if any(cell.errors for cell in cells.values()) else 0
-
-
-def _cpu_mark(ours: Sequence[Service]) -> tuple[float, float, float]:
-    """(the machine's busy CPU seconds, ours: the servers' and this process's, the time)."""
-    return (busy_seconds(), sum(s.cpu_seconds() for s in ours) + time.process_time(),
-            time.monotonic())
-
-
-def _other_cores(before: tuple[float, float, float], after: tuple[float, float, float]
-                 ) -> float:
-    """Cores other processes held between two marks: the machine's busy time less ours."""
-    wall = after[2] - before[2]
-    if wall <= 0:
-        return 0.0
-    return max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
 
 
 def others_line(others: float) -> str:

@@ -298,7 +298,7 @@ class _Run:
 
     def _record(self, conn: _Conn, status: int, error: str | None, stamp: int,
                 retry_after: bool, timing: dict[str, float] | None = None) -> None:
-        info: dict[str, float] | None = dict(timing) if timing else None
+        info = timing or None  # a dict of its own per answer (``_parse_head``)
         if status == 503:
             info = {**(info or {}), "retry_after": float(retry_after)}
         self.samples.append(Sample(

@@ -194,6 +194,39 @@ def busy_seconds() -> float:
     return 0.0
 
 
+Mark = tuple[float, float, float]
+"""(the machine's busy CPU seconds, the measured processes' CPU seconds, the monotonic time)."""
+
+
+def cpu_mark(ours: Sequence[Service] = ()) -> Mark:
+    """A mark for ``other_cores``: ``ours`` are the services measured, with this process."""
+    return (busy_seconds(), sum(s.cpu_seconds() for s in ours) + time.process_time(),
+            time.monotonic())
+
+
+def other_cores(before: Mark, after: Mark) -> float:
+    """Cores other processes held between two marks: the machine's busy time less ours."""
+    wall = after[2] - before[2]
+    if wall <= 0:
+        return 0.0
+    return max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
+
+
+class Meter:
+    """Cores other processes used between ``start`` and ``stop`` (``other_cores`` of two marks;
+    ``ours``: the services measured, besides this process)."""
+
+    def __init__(self, ours: Sequence[Service] = ()) -> None:
+        self.ours = ours
+        self._mark = cpu_mark(ours)
+
+    def start(self) -> None:
+        self._mark = cpu_mark(self.ours)
+
+    def stop(self) -> float:
+        return other_cores(self._mark, cpu_mark(self.ours))
+
+
 def steal_seconds() -> float:
     """CPU seconds the hypervisor has given to other guests since boot (``/proc/stat``'s steal
     column, summed over CPUs): time this VM wanted to run and could not."""

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import openvino_env
-from bench.procs import busy_seconds
+from bench.procs import Meter
 
 SHORT = "How do I reset my password?"
 LONG = "the quick brown fox jumps over the lazy dog " * 40  # truncated to 256 tokens
@@ -54,18 +54,6 @@ def _timed(fn: Callable[[], object], rounds: int) -> list[float]:
         fn()
         samples.append(time.perf_counter() - started)
     return samples
-
-
-class Meter:
-    """Cores other processes used between ``start`` and ``stop`` (machine busy minus ours)."""
-
-    def start(self) -> None:
-        self._busy, self._ours, self._wall = busy_seconds(), time.process_time(), time.monotonic()
-
-    def stop(self) -> float:
-        wall = max(time.monotonic() - self._wall, 1e-9)
-        others = busy_seconds() - self._busy - (time.process_time() - self._ours)
-        return max(0.0, others) / wall
 
 
 def measure(models: dict[str, object], *, quick: bool) -> list[Row]:
