@@ -92,6 +92,12 @@ def _add_serve(commands: Any) -> None:
     serve.add_argument("--shared-batch-compute-ms", type=float,
                        help="while two or more fairness keys send, the compute bound of a "
                             "batch is at most this (default: none)")
+    serve.add_argument("--express-lane", action=argparse.BooleanOptionalAction, default=None,
+                       help="a second worker for requests a batch in compute would make wait: "
+                            "a key it does not hold, at its level or better (default: off)")
+    serve.add_argument("--compute-nice", type=int,
+                       help="nice steps the regular compute threads run below the event loop "
+                            "and the express lane (Linux; default: 0)")
     serve.add_argument("--fair-by", choices=["tokens", "texts"],
                        help="what fairness between keys counts (default: tokens)")
     serve.add_argument("--client-max-size", type=int,
@@ -131,7 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
              "max_items_per_request", "max_text_bytes_per_request", "default_timeout_ms",
              "client_max_size", "log_level", "gpu_metrics_interval_s", "priority_levels",
              "default_priority", "max_batch_compute_ms", "priority_batch_compute_ms", "fair_by",
-             "shared_batch_compute_ms")
+             "shared_batch_compute_ms", "express_lane", "compute_nice")
     overrides = {name: getattr(args, name) for name in names}
     if overrides["models_dir"] is not None:
         overrides["models_dir"] = Path(overrides["models_dir"])

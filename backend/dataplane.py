@@ -95,6 +95,8 @@ class ServedModel:
             size_of=model.size_of,
             max_call_size=CPU_CALL_TOKENS if on_cpu else None,
             workers=settings.workers,
+            express=settings.express_lane,
+            nice=settings.compute_nice,
             observer=metrics.observer(config.name),
             name=config.name,
         )

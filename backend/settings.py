@@ -110,6 +110,13 @@ class ServeSettings:
     # threads vs 68 ms with 1; 8 x 256 tokens 300 ms vs 540 ms), and the batcher gathers the
     # next batch while it runs. Spin-waiting is off (see runtime.py).
     workers: int = 1
+    # One more worker for what a regular batch in compute would make wait: a request of a key
+    # that batch does not hold, at its level or a better one, computes beside it (the kernel
+    # time-slices the two on a shared core) instead of after it. docs/SCHEDULING.md.
+    express_lane: bool = False
+    # How many nice steps the regular workers' threads run below the event loop's (Linux, per
+    # thread; 0 = the same): the loops' request handling and the express lane go first.
+    compute_nice: int = 0
     # Seconds between NVML samples of the GPU metrics (backend/gpu.py), taken off the event
     # loop; 0 = no GPU metrics. Only the GPUs the models run on are sampled.
     gpu_metrics_interval_s: float = 5.0
@@ -136,6 +143,7 @@ class ServeSettings:
         _positive("max_text_bytes_per_request", self.max_text_bytes_per_request)
         _positive("client_max_size", self.client_max_size)
         _positive("workers", self.workers)
+        _check(0 <= self.compute_nice <= 19, "compute_nice", "must be 0..19")
         _check(
             self.max_queue_delay_ms is None or self.max_queue_delay_ms >= 0,
             "max_queue_delay_ms", "must be >= 0",

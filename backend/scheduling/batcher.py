@@ -29,6 +29,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +68,8 @@ class DynamicBatcher(Generic[T, R]):
         name: str = "batcher",
         clock: Callable[[], float] = time.monotonic,
         cost: CostModel | None = None,
+        express: bool = False,
+        nice: int = 0,
     ) -> None:
         if max_batch_size < 1 or workers < 1:
             raise ValueError("batch size and workers must be >= 1")
@@ -81,8 +85,16 @@ class DynamicBatcher(Generic[T, R]):
         self._max_call_size = max_call_size
         self._observer: BatchObserver = observer or NullObserver()
         self._clock = clock
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"{name}-compute")
-        self._idle = workers
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"{name}-compute",
+                                            initializer=_lower_priority, initargs=(nice,))
+        self._express_executor = (ThreadPoolExecutor(1, thread_name_prefix=f"{name}-express")
+                                  if express else None)
+        self._idle = workers  # regular workers idle
+        # The express lane: one more worker, for what the regular ones' batches would make
+        # wait (``_express_take``); ``_running`` holds each regular batch's best level and keys.
+        self.express = express
+        self._express_idle = express
+        self._running: dict[int, tuple[int, frozenset[str]]] = {}
         self._ends: list[float] = []  # expected end of each running batch
         self._forming: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -101,8 +113,11 @@ class DynamicBatcher(Generic[T, R]):
 
     @property
     def busy_workers(self) -> int:
-        """Workers computing a batch now."""
-        return self.workers - self._idle
+        """Workers computing a batch now (the express lane's included)."""
+        return self.workers - self._idle + (self.express and not self._express_idle)
+
+    def _all_idle(self) -> bool:
+        return self._idle == self.workers and self._express_idle == self.express
 
     def start(self) -> None:
         """Binds the batcher to the running event loop; call from inside it before ``submit``."""
@@ -115,10 +130,12 @@ class DynamicBatcher(Generic[T, R]):
             self._forming.cancel()
         for req in self._queue.drain():
             fail(req, BatcherClosed("shutting down"))
-        if self._idle < self.workers:
+        if not self._all_idle():
             self._drained = asyncio.get_running_loop().create_future()
             await self._drained
         self._executor.shutdown(wait=False)
+        if self._express_executor is not None:
+            self._express_executor.shutdown(wait=False)
 
     def estimated_wait_s(self) -> float:
         """Rough time to drain the queue, from the learned cost."""
@@ -181,6 +198,8 @@ class DynamicBatcher(Generic[T, R]):
                 self._dispatch(now_ok=True)  # an idle worker takes it now, not a turn later
             elif self._idle and self._forming is None:
                 self._dispatch()
+            elif self._express_idle:
+                self._dispatch()  # the express lane, if this request may take it
         # One timer handle, not asyncio.timeout's task cancellation: it fails the future.
         timer = None if future.done() else loop.call_later(timeout, self._expire, req, timeout)
         try:
@@ -236,14 +255,25 @@ class DynamicBatcher(Generic[T, R]):
         """Hands batches to idle workers while both exist (on the event loop); unless
         ``now_ok``, a batch that is not full waits for the forming window."""
         loop = self._loop
-        while loop is not None and self._idle and self._queue.depth and not self._closed:
+        while (loop is not None and (self._idle or self._express_idle) and self._queue.depth
+               and not self._closed):
             now = self._clock()
             for req in self._queue.expired(now):
                 self._observer.dropped(req.level, "expired")
                 fail(req, DeadlineExpired("deadline passed while queued"))
-            if not (now_ok or self._window_closed(now)):
-                return
-            batch, late = self._queue.take(now, self.max_batch_size, self.cost)
+            express = not self._idle
+            if express:
+                batch, late = self._express_take(now)
+            elif not (now_ok or self._window_closed(now)):
+                if self._express_idle and self._running:
+                    # The regular workers' window is open; the lane still takes what their
+                    # batch in compute would make wait.
+                    batch, late = self._express_take(now)
+                    express = True
+                else:
+                    return
+            else:
+                batch, late = self._queue.take(now, self.max_batch_size, self.cost)
             for req in late:
                 self._observer.dropped(req.level, "late")
                 fail(req, DeadlineExpired("its compute could not end before its deadline"))
@@ -251,7 +281,7 @@ class DynamicBatcher(Generic[T, R]):
                 if late:
                     continue
                 return
-            if self._forming is not None:
+            if self._forming is not None and not express:
                 self._forming.cancel()
                 self._forming = None
             batch.sort(key=lambda slot: (slot.size, slot.seq))
@@ -259,26 +289,56 @@ class DynamicBatcher(Generic[T, R]):
             bounds = plan_groups(sizes, self._split_cost, self._max_call_size)
             groups = [[slot.item for slot in batch[lo:hi]] for lo, hi in bounds]
             end = now + self.cost.estimate(sum(sizes), len(bounds))
-            if not self._launch(loop, batch, bounds, groups, end):
+            if not self._launch(loop, batch, bounds, groups, end, express=express):
                 return
 
+    def _express_take(self, now: float) -> tuple[list[Slot], list[Ticket]]:
+        """The express lane's batch: items at a better level than every regular batch in
+        compute, or at the best such level from a key none of them holds. A quiet tenant's
+        request beside a flood, or an interactive one beside batch lines, then computes
+        beside the batch in compute instead of after it: on a shared core the kernel
+        time-slices the two, which pre-empts the long batch as a queue can't."""
+        if not self._running:
+            return [], []
+        level = min(lv for lv, _ in self._running.values())
+        keys = frozenset().union(*(k for _, k in self._running.values()))
+        return self._queue.take(now, self.max_batch_size, self.cost, below=level,
+                                exclude=keys)
+
     def _launch(self, loop: asyncio.AbstractEventLoop, batch: list[Slot],
-                bounds: list[tuple[int, int]], groups: list[list[T]], end: float) -> bool:
-        """Hands a batch to an idle worker; False (its callers failed) when shut down."""
-        self._idle -= 1
+                bounds: list[tuple[int, int]], groups: list[list[T]], end: float,
+                *, express: bool = False) -> bool:
+        """Hands a batch to an idle worker (the express lane's with ``express``); False (its
+        callers failed) when shut down."""
+        if express:
+            self._express_idle = False
+        else:
+            self._idle -= 1
+            self._running[id(batch)] = (min(slot.req.level for slot in batch),
+                                        frozenset(slot.req.key for slot in batch))
         self._ends.append(end)
         try:
-            self._executor.submit(self._work, loop, batch, bounds, groups, end)
+            executor = self._express_executor if express else self._executor
+            assert executor is not None
+            executor.submit(self._work, loop, batch, bounds, groups, end, express)
         except RuntimeError as exc:  # the executor is shut down
-            self._idle += 1
+            self._free(batch, express)
             self._ends.remove(end)
             for slot in batch:
                 fail(slot.req, BatcherClosed(str(exc)))
             return False
         return True
 
+    def _free(self, batch: list[Slot], express: bool) -> None:
+        if express:
+            self._express_idle = True
+        else:
+            self._idle += 1
+            del self._running[id(batch)]
+
     def _work(self, loop: asyncio.AbstractEventLoop, batch: list[Slot],
-              bounds: list[tuple[int, int]], groups: list[list[T]], end: float) -> None:
+              bounds: list[tuple[int, int]], groups: list[list[T]], end: float,
+              express: bool) -> None:
         """In a worker thread: computes every group, then hands the outcome to the loop."""
         outputs: Outputs | None = None
         error: BaseException | None = None
@@ -289,12 +349,14 @@ class DynamicBatcher(Generic[T, R]):
         except BaseException as exc:  # never strand the callers, whatever was raised
             error = RuntimeError(f"compute raised {type(exc).__name__}")
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to answer
-            loop.call_soon_threadsafe(self._finished, batch, bounds, outputs, error, end)
+            loop.call_soon_threadsafe(self._finished, batch, bounds, outputs, error, end,
+                                      express)
 
     def _finished(self, batch: list[Slot], bounds: list[tuple[int, int]],
-                  outputs: Outputs | None, error: BaseException | None, end: float) -> None:
+                  outputs: Outputs | None, error: BaseException | None, end: float,
+                  express: bool = False) -> None:
         """On the loop: delivers a batch's results, frees its worker, dispatches the next."""
-        self._idle += 1
+        self._free(batch, express)
         self._ends.remove(end)
         try:
             if outputs is None:
@@ -307,7 +369,7 @@ class DynamicBatcher(Generic[T, R]):
             log.error("delivering a batch failed", exc_info=exc)
             for slot in batch:
                 fail(slot.req, exc)
-        if self._drained is not None and self._idle == self.workers:
+        if self._drained is not None and self._all_idle():
             if not self._drained.done():
                 self._drained.set_result(None)
             return
@@ -317,3 +379,11 @@ class DynamicBatcher(Generic[T, R]):
         self._observer.batch_computed(len(group), compute_s)
         self.cost.observe(sum(slot.size for slot in group), compute_s)
         deliver(group, results, compute_s, self._clock(), self._observer)
+
+
+def _lower_priority(nice: int) -> None:
+    """A regular worker thread's start: ``nice`` steps below the event loop's priority (Linux
+    sets it per thread), so the loops and the express lane run first on a shared core."""
+    if nice > 0:
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)

@@ -88,8 +88,8 @@ class FairLevel:
         self.items += len(slots)
         self.tokens += tokens
 
-    def head(self) -> Slot | None:
-        """The next item fairness picks (not removed)."""
+    def head(self, exclude: frozenset[str] = frozenset()) -> Slot | None:
+        """The next item fairness picks (not removed), from a key not in ``exclude``."""
         best: Slot | None = None
         best_rank = (0.0, 0)
         for key in list(self._fifos):
@@ -98,6 +98,8 @@ class FairLevel:
                 fifo.popleft()
             if not fifo:
                 self._forget(key)
+                continue
+            if key in exclude:
                 continue
             rank = (self._count[key], fifo[0].seq)
             if best is None or rank < best_rank:
@@ -227,10 +229,13 @@ class ScheduleQueue:
             del seen[key]
         return len(seen)
 
-    def take(self, now: float, max_items: int, cost: CostModel
-             ) -> tuple[list[Slot], list[Ticket]]:
+    def take(self, now: float, max_items: int, cost: CostModel, *, below: int | None = None,
+             exclude: frozenset[str] = frozenset()) -> tuple[list[Slot], list[Ticket]]:
         """The next batch (at most ``max_items``) and the requests dropped on the way because
-        they could not finish before their deadline even alone (removed, to be failed)."""
+        they could not finish before their deadline even alone (removed, to be failed).
+
+        With ``below`` (the batcher's express lane): only from the levels above that 0-based
+        level, and from that level itself the keys not in ``exclude``."""
         batch: list[Slot] = []
         dropped: list[Ticket] = []
         tokens = 0
@@ -240,8 +245,11 @@ class ScheduleQueue:
         if shared and self.active_keys(now) < 2:
             shared = 0.0
         for index, level in enumerate(self.levels):
+            if below is not None and index > below:
+                break
             while len(batch) < max_items:
-                slot = level.head()
+                skip = exclude if index == below else frozenset()
+                slot = level.head(skip)
                 if slot is None:
                     break
                 req = slot.req

@@ -4,6 +4,8 @@ worker thread (a small compute function held on gates) and an injected clock for
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -275,3 +277,130 @@ async def test_a_cancelled_lone_request_frees_nothing_twice() -> None:
     assert [r.results for r in results] == [[2], [4]]
     assert batcher.busy_workers == 0 and batcher.depth == 0
     await batcher.close()
+
+
+def express_batcher(compute: Doubler, clock: Clock) -> DynamicBatcher[int, int]:
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(
+        compute, max_batch_size=4, size_of=lambda _: 10, clock=clock, cost=FixedCost(),
+        express=True, policy=SchedulePolicy.uniform(
+            levels=3, max_queue_size=64, default_timeout_s=60.0, default_priority=2))
+    batcher.start()
+    return batcher
+
+
+async def held_on(compute: Doubler, batcher: DynamicBatcher[int, int], item: int, *,
+                  key: str, priority: int = 0) -> asyncio.Task[object]:
+    """A regular worker busy with ``item`` of ``key`` until ``compute.release(item)``."""
+    compute.gates[item] = threading.Event()
+    compute.started[item] = threading.Event()
+    task: asyncio.Task[object] = asyncio.create_task(
+        batcher.submit([item], key=key, priority=priority))
+    assert await asyncio.to_thread(compute.started[item].wait, 5)
+    return task
+
+
+async def test_the_express_lane_computes_a_quiet_key_beside_a_floods_batch() -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = express_batcher(compute, clock)
+    held = await held_on(compute, batcher, 1000, key="A")
+    flood = [asyncio.create_task(batcher.submit([i], key="A")) for i in range(1, 9)]
+    await until(lambda: batcher.depth == 8)
+    assert batcher.busy_workers == 1  # A's own backlog waits for the regular worker
+    # B's request is answered while A's batch is still in compute, and takes none of A's.
+    assert (await batcher.submit([500], key="B")).results == [1000]
+    assert compute.calls == [[1000], [500]]
+    assert batcher.depth == 8
+    compute.release(1000)
+    await asyncio.gather(held, *flood)
+    assert sorted(compute.computed) == [*range(1, 9), 500, 1000]
+    await batcher.close()
+
+
+async def test_the_express_lane_leaves_a_key_in_compute_and_lower_levels_to_the_queue(
+) -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = express_batcher(compute, clock)
+    held = await held_on(compute, batcher, 1000, key="A")  # level 2
+    same_key = asyncio.create_task(batcher.submit([1], key="A"))
+    lower = asyncio.create_task(batcher.submit([2], key="C", priority=3))
+    await until(lambda: batcher.depth == 2)
+    # The lane's choice is made inside submit, on the loop: had it taken either, the queue
+    # would hold one and two workers would be busy.
+    assert batcher.busy_workers == 1 and compute.calls == [[1000]]
+    compute.release(1000)
+    await asyncio.gather(held, same_key, lower)
+    assert compute.calls[1:] == [[1, 2]]
+    await batcher.close()
+
+
+async def test_the_express_lane_takes_a_better_level_even_from_the_key_in_compute() -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = express_batcher(compute, clock)
+    held = await held_on(compute, batcher, 1000, key="A", priority=3)  # a batch line
+    assert (await batcher.submit([7], key="A", priority=1)).results == [14]
+    assert compute.calls == [[1000], [7]]
+    compute.release(1000)
+    await held
+    await batcher.close()
+
+
+async def test_the_express_lane_is_one_worker_counted_busy_and_waited_for_on_close() -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = express_batcher(compute, clock)
+    held = await held_on(compute, batcher, 1000, key="A")
+    quiet = await held_on(compute, batcher, 2000, key="B")
+    assert batcher.busy_workers == 2
+    # Both busy: a third key waits for whichever frees first (here the lane).
+    third = asyncio.create_task(batcher.submit([3], key="C"))
+    await until(lambda: batcher.depth == 1)
+    compute.release(2000)
+    await asyncio.gather(quiet, third)
+    assert compute.calls == [[1000], [2000], [3]]
+    closing = asyncio.create_task(batcher.close())
+    await asyncio.sleep(0.01)
+    assert not closing.done()  # A's batch still computes
+    compute.release(1000)
+    await asyncio.gather(held, closing)
+    assert batcher.busy_workers == 0
+
+
+class Priorities(Doubler):
+    """Records the nice value of the thread each call runs on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nice: dict[int, int] = {}
+
+    def __call__(self, items: list[int]) -> list[int]:
+        for item in items:
+            self.nice[item] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return super().__call__(items)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+async def test_regular_workers_run_nice_steps_below_the_loop_and_the_express_lane() -> None:
+    compute, clock = Priorities(), Clock()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(
+        compute, max_batch_size=4, size_of=lambda _: 10, clock=clock, cost=FixedCost(),
+        express=True, nice=3, policy=SchedulePolicy.uniform(
+            levels=3, max_queue_size=64, default_timeout_s=60.0, default_priority=2))
+    batcher.start()
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    held = await held_on(compute, batcher, 1000, key="A")
+    assert (await batcher.submit([5], key="B")).results == [10]  # the express lane
+    compute.release(1000)
+    await held
+    assert compute.nice == {1000: min(19, base + 3), 5: base}
+    await batcher.close()
+
+
+def test_the_express_lane_and_the_nice_steps_are_off_unless_set() -> None:
+    from backend.settings import ServeSettings
+
+    shipped = ServeSettings.from_env(environ={})
+    assert (shipped.express_lane, shipped.compute_nice) == (False, 0)
+    given = ServeSettings.from_env(environ={"BACKEND_EXPRESS_LANE": "1",
+                                            "BACKEND_COMPUTE_NICE": "5"})
+    assert (given.express_lane, given.compute_nice) == (True, 5)
+    with pytest.raises(ValueError, match="compute_nice"):
+        ServeSettings.from_env(environ={"BACKEND_COMPUTE_NICE": "20"})

@@ -333,3 +333,19 @@ def test_the_shared_bound_is_off_unless_set_and_set_by_the_environment() -> None
     with pytest.raises(ValueError, match="active_window"):
         SchedulePolicy.uniform(levels=1, max_queue_size=1, default_timeout_s=1.0,
                                active_window_s=0.0)
+
+
+def test_an_express_take_skips_the_keys_in_compute_at_their_level_and_every_lower_level(
+) -> None:
+    queue = make_queue()
+    feed = Feed(queue)
+    feed.push("a1", "a2", key="A", level=1)
+    feed.push("b1", key="B", level=1)
+    feed.push("c1", key="C", level=2)
+    feed.push("h1", key="A", level=0)
+    # The regular batch in compute starts at level 1 (0-based) and holds key A.
+    batch, _ = queue.take(0.0, 8, CostModel(), below=1, exclude=frozenset({"A"}))
+    assert names(batch) == ["h1", "b1"]  # A's level-0 item (better), B's; not A's, not C's
+    assert queue.depth == 3
+    assert queue.take(0.0, 8, CostModel(), below=1, exclude=frozenset({"A"}))[0] == []
+    assert names(queue.take(0.0, 8, CostModel())[0]) == ["a1", "a2", "c1"]
