@@ -105,6 +105,7 @@ class Admission:
         self._queue_limit = settings.tier_queue
         self._adaptive = settings.adaptive if settings.adaptive.enabled else None
         self._max_wait_factor = settings.max_wait_factor
+        self._express = settings.express
         self._observer: Observer = observer or NullObserver()
         self.clock = clock
         self._share = share
@@ -316,7 +317,9 @@ class Admission:
         within the limit plus the reserve kept for interactive calls: a quiet tenant goes
         straight to the backend, whose scheduler puts it before a flooding tenant's calls,
         instead of waiting for one of the flood's calls to end; its calls beyond the limit
-        are bounded by its share."""
+        are bounded by its share. With ``express`` (a backend that computes such a call
+        beside the batch in compute), a tenant holding no slot gets one at once up to the
+        ceiling, ``tier_concurrency``."""
         if cls == BATCH:
             return not state.waiters and self._free(state, batch=True)
         if not state.waiters.waiting(INTERACTIVE) and self._free(state, batch=False):
@@ -326,6 +329,8 @@ class Admission:
         held = state.holders.get(tenant, 0)
         if held and self._over_share(state, tenant, self._weight(tenant), INTERACTIVE):
             return False
+        if not held and self._express and state.active < self._limit:
+            return True  # to a backend's express lane, up to the ceiling
         limit = self._limit_of(state)
         # The tenant's own slots do not count: one under its share sends its next call while
         # its first computes, instead of waiting for one of the flood's calls to end.

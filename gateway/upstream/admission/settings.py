@@ -37,6 +37,12 @@ class AdmissionSettings:
     loop that takes the core the model computes on: a held refusal costs a socket and a
     timer, not CPU. Refusals for the request's own deadline are never held. 0: answer at
     once."""
+    express: bool = False
+    """For backends that run the express lane (``BACKEND_EXPRESS_LANE``): an interactive call
+    of a tenant holding no slot in the tier gets one at once while the tier's calls in flight
+    stay under ``tier_concurrency``, whatever the learned limit. Such a backend computes that
+    call beside the batch in compute; without this, a quiet tenant beside a flood waits in the
+    gateway whenever the learned limit falls below the flood's slots (docs/SCHEDULING.md)."""
     adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)
     """The adaptive concurrency limit per tier (gateway/upstream/admission/adaptive.py), on by
     default: the calls in flight follow what the backends can use, and the surplus waits in
@@ -47,3 +53,4 @@ class AdmissionSettings:
         check.at_least("tier_queue", self.tier_queue, 0)
         check.between("max_wait_factor", self.max_wait_factor, 0, 1000)
         check.between("refusal_hold_s", self.refusal_hold_s, 0, 60)
+        check.boolean("express", self.express)

@@ -404,3 +404,59 @@ async def test_queue_depth_and_wait_by_class_and_outcome() -> None:
     assert waits(registry, "interactive", "granted") == (3, pytest.approx(0.3 + 0.2))
     assert (depth("interactive"), depth("batch")) == (0, 0)
     assert admission.inflight("zone") == 0
+
+
+@pytest.mark.parametrize("express", [False, True])
+async def test_with_express_a_tenant_holding_no_slot_goes_at_once_up_to_the_ceiling(
+        express: bool) -> None:
+    """While the adaptive limit is low (here its first probe, at the floor of 3), a tenant
+    holding no slot queues behind the others' slots past the limit and reserve; with
+    ``express`` (a backend whose express lane computes it beside the batch in compute) it
+    gets one at once, up to ``tier_concurrency``, and only while it holds none."""
+    admission = Admission(AdmissionSettings(tier_concurrency=5, tier_queue=100,
+                                            max_wait_factor=0.0, express=express))
+    flood = [await admission.acquire("zone", deadline=later(60), tenant="a") for _ in range(3)]
+    b = await admission.acquire("zone", deadline=later(60), tenant="b")  # 3 < 3 + 1: at once
+    c = asyncio.create_task(admission.acquire("zone", deadline=later(60), tenant="c"))
+    await asyncio.sleep(0)
+    assert admission.tenants("zone")["c"] == ((1, 0) if express else (0, 1))
+    if express:
+        # c holds one now: its next call takes the ordinary way (past its share) and queues.
+        c2 = asyncio.create_task(admission.acquire("zone", deadline=later(60), tenant="c"))
+        await asyncio.sleep(0)
+        assert admission.tenants("zone")["c"] == (1, 1)
+        (await c).release()
+        await asyncio.sleep(0)
+        e = await admission.acquire("zone", deadline=later(60), tenant="e")  # 4 in flight
+        # d holds none, but 5 are in flight: the ceiling. It queues.
+        d = asyncio.create_task(admission.acquire("zone", deadline=later(60), tenant="d"))
+        await asyncio.sleep(0)
+        assert admission.inflight("zone") == 5 and admission.tenants("zone")["d"] == (0, 1)
+        for slot in [*flood, b, e]:
+            slot.release()
+        for task in (c2, d):
+            (await task).release()
+    else:
+        for slot in [*flood, b]:
+            slot.release()
+        (await c).release()
+    assert admission.inflight("zone") == 0 and admission.queue_depth("zone") == 0
+
+
+async def test_with_express_a_tenant_already_holding_a_slot_is_not_let_past_the_limit() -> None:
+    """The express way is for a tenant holding none: one holding a slot, even under its
+    share, keeps the ordinary bound (the others' slots within the limit and reserve)."""
+    admission = Admission(AdmissionSettings(
+        tier_concurrency=64, tier_queue=100, max_wait_factor=0.0, express=True,
+        adaptive=AdaptiveSettings(min_limit=8)))  # the first probe's limit: 8, reserve 2
+    held = [await admission.acquire("zone", deadline=later(60), tenant="a") for _ in range(8)]
+    held += [await admission.acquire("zone", deadline=later(60), tenant=t) for t in "bcd"]
+    # b holds 1 of its share of 2 (8 among a, b, c, d); the others hold 10 = 8 + 2.
+    second = asyncio.create_task(admission.acquire("zone", deadline=later(60), tenant="b"))
+    await asyncio.sleep(0)
+    assert admission.tenants("zone")["b"] == (1, 1)
+    assert (await admission.acquire("zone", deadline=later(60), tenant="e")) is not None
+    assert admission.inflight("zone") == 12
+    second.cancel()
+    for slot in held:
+        slot.release()
