@@ -318,8 +318,8 @@ class Admission:
         straight to the backend, whose scheduler puts it before a flooding tenant's calls,
         instead of waiting for one of the flood's calls to end; its calls beyond the limit
         are bounded by its share. With ``express`` (a backend that computes such a call
-        beside the batch in compute), a tenant holding no slot gets one at once up to the
-        ceiling, ``tier_concurrency``."""
+        beside the batch in compute), a tenant holding no slot is bounded by the ceiling,
+        ``tier_concurrency``, plus its reserve, instead of the learned limit."""
         if cls == BATCH:
             return not state.waiters and self._free(state, batch=True)
         if not state.waiters.waiting(INTERACTIVE) and self._free(state, batch=False):
@@ -329,9 +329,9 @@ class Admission:
         held = state.holders.get(tenant, 0)
         if held and self._over_share(state, tenant, self._weight(tenant), INTERACTIVE):
             return False
-        if not held and self._express and state.active < self._limit:
-            return True  # to a backend's express lane, up to the ceiling
         limit = self._limit_of(state)
+        if not held and self._express:
+            limit = max(limit, self._limit)  # to a backend's express lane: the ceiling's bound
         # The tenant's own slots do not count: one under its share sends its next call while
         # its first computes, instead of waiting for one of the flood's calls to end.
         return state.active - held < limit + _interactive_reserve(limit)

@@ -39,8 +39,9 @@ class AdmissionSettings:
     once."""
     express: bool = False
     """For backends that run the express lane (``BACKEND_EXPRESS_LANE``): an interactive call
-    of a tenant holding no slot in the tier gets one at once while the tier's calls in flight
-    stay under ``tier_concurrency``, whatever the learned limit. Such a backend computes that
+    of a tenant holding no slot in the tier gets one at once while the other tenants' calls
+    in flight stay under ``tier_concurrency`` plus the interactive reserve (a quarter of it),
+    whatever the learned limit (as with the adaptive limit off). Such a backend computes that
     call beside the batch in compute; without this, a quiet tenant beside a flood waits in the
     gateway whenever the learned limit falls below the flood's slots (docs/SCHEDULING.md)."""
     adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)

@@ -412,7 +412,8 @@ async def test_with_express_a_tenant_holding_no_slot_goes_at_once_up_to_the_ceil
     """While the adaptive limit is low (here its first probe, at the floor of 3), a tenant
     holding no slot queues behind the others' slots past the limit and reserve; with
     ``express`` (a backend whose express lane computes it beside the batch in compute) it
-    gets one at once, up to ``tier_concurrency``, and only while it holds none."""
+    gets one at once, up to ``tier_concurrency`` and its reserve, and only while it holds
+    none."""
     admission = Admission(AdmissionSettings(tier_concurrency=5, tier_queue=100,
                                             max_wait_factor=0.0, express=express))
     flood = [await admission.acquire("zone", deadline=later(60), tenant="a") for _ in range(3)]
@@ -428,11 +429,12 @@ async def test_with_express_a_tenant_holding_no_slot_goes_at_once_up_to_the_ceil
         (await c).release()
         await asyncio.sleep(0)
         e = await admission.acquire("zone", deadline=later(60), tenant="e")  # 4 in flight
-        # d holds none, but 5 are in flight: the ceiling. It queues.
+        f = await admission.acquire("zone", deadline=later(60), tenant="f")  # 5
+        # d holds none, but 6 are in flight: the ceiling, 5, and its reserve, 1. It queues.
         d = asyncio.create_task(admission.acquire("zone", deadline=later(60), tenant="d"))
         await asyncio.sleep(0)
-        assert admission.inflight("zone") == 5 and admission.tenants("zone")["d"] == (0, 1)
-        for slot in [*flood, b, e]:
+        assert admission.inflight("zone") == 6 and admission.tenants("zone")["d"] == (0, 1)
+        for slot in [*flood, b, e, f]:
             slot.release()
         for task in (c2, d):
             (await task).release()
