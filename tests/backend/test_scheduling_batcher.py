@@ -404,3 +404,20 @@ def test_the_express_lane_and_the_nice_steps_are_off_unless_set() -> None:
     assert (given.express_lane, given.compute_nice) == (True, 5)
     with pytest.raises(ValueError, match="compute_nice"):
         ServeSettings.from_env(environ={"BACKEND_COMPUTE_NICE": "20"})
+
+
+async def test_a_compute_error_in_the_express_lane_reaches_its_callers_and_frees_the_lane(
+) -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = express_batcher(compute, clock)
+    held = await held_on(compute, batcher, 1000, key="A")
+    compute.fail_on = 13
+    with pytest.raises(ValueError, match="poisoned"):
+        await batcher.submit([13], key="B")
+    assert batcher.busy_workers == 1  # the lane is free again: the next quiet call takes it
+    compute.fail_on = None
+    assert (await batcher.submit([4], key="C")).results == [8]
+    assert compute.calls == [[1000], [13], [4]]
+    compute.release(1000)
+    await held
+    await batcher.close()
