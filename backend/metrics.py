@@ -85,6 +85,15 @@ class BackendMetrics:
             "Requests refused on arrival, by priority level and reason.",
             ["model", "priority", "reason"], registry=reg,
         )
+        self.express = Counter(
+            "backend_express_batches_total",
+            "Batches the express lane computed beside a regular batch (BACKEND_EXPRESS_LANE).",
+            ["model"], registry=reg,
+        )
+        self.express_items = Counter(
+            "backend_express_items_total", "Items computed in the express lane's batches.",
+            ["model"], registry=reg,
+        )
         self.ready = Gauge(
             "backend_model_ready", "1 once the model is warmed up and serving.", ["model"],
             registry=reg,
@@ -156,3 +165,7 @@ class ModelBatchObserver:
 
     def rejected(self, level: int, reason: str) -> None:
         self._metrics.rejected.labels(self._model, str(level + 1), reason).inc()
+
+    def express_batch(self, size: int) -> None:
+        self._metrics.express.labels(self._model).inc()
+        self._metrics.express_items.labels(self._model).inc(size)

@@ -312,6 +312,7 @@ class DynamicBatcher(Generic[T, R]):
         callers failed) when shut down."""
         if express:
             self._express_idle = False
+            self._observer.express_batch(len(batch))
         else:
             self._idle -= 1
             self._running[id(batch)] = (min(slot.req.level for slot in batch),

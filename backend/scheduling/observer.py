@@ -14,6 +14,7 @@ class BatchObserver(Protocol):
     ``dropped`` reasons: ``expired`` (its deadline passed while queued), ``late`` (when its turn
     came its compute could not end before its deadline). ``rejected`` reasons: ``queue_full``,
     ``deadline`` (refused on arrival: the work ahead outlasts its deadline).
+    ``express_batch``: a batch of ``size`` items went to the express lane.
     """
 
     def batch_computed(self, size: int, compute_s: float) -> None: ...
@@ -23,6 +24,8 @@ class BatchObserver(Protocol):
     def dropped(self, level: int, reason: str) -> None: ...
 
     def rejected(self, level: int, reason: str) -> None: ...
+
+    def express_batch(self, size: int) -> None: ...
 
 
 class NullObserver:
@@ -38,4 +41,7 @@ class NullObserver:
         pass
 
     def rejected(self, level: int, reason: str) -> None:
+        pass
+
+    def express_batch(self, size: int) -> None:
         pass

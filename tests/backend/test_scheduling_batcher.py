@@ -215,6 +215,9 @@ class Events:
     def rejected(self, level: int, reason: str) -> None:
         self.heard.append(("rejected", level, reason))
 
+    def express_batch(self, size: int) -> None:
+        self.heard.append(("express", size, None))
+
 
 async def test_a_lone_request_goes_to_an_idle_worker_at_once_and_is_counted_as_queued_ones(
 ) -> None:
@@ -279,10 +282,11 @@ async def test_a_cancelled_lone_request_frees_nothing_twice() -> None:
     await batcher.close()
 
 
-def express_batcher(compute: Doubler, clock: Clock) -> DynamicBatcher[int, int]:
+def express_batcher(compute: Doubler, clock: Clock, observer: BatchObserver | None = None
+                    ) -> DynamicBatcher[int, int]:
     batcher: DynamicBatcher[int, int] = DynamicBatcher(
         compute, max_batch_size=4, size_of=lambda _: 10, clock=clock, cost=FixedCost(),
-        express=True, policy=SchedulePolicy.uniform(
+        express=True, observer=observer, policy=SchedulePolicy.uniform(
             levels=3, max_queue_size=64, default_timeout_s=60.0, default_priority=2))
     batcher.start()
     return batcher
@@ -300,8 +304,8 @@ async def held_on(compute: Doubler, batcher: DynamicBatcher[int, int], item: int
 
 
 async def test_the_express_lane_computes_a_quiet_key_beside_a_floods_batch() -> None:
-    compute, clock = Doubler(), Clock()
-    batcher = express_batcher(compute, clock)
+    compute, clock, events = Doubler(), Clock(), Events()
+    batcher = express_batcher(compute, clock, events)
     held = await held_on(compute, batcher, 1000, key="A")
     flood = [asyncio.create_task(batcher.submit([i], key="A")) for i in range(1, 9)]
     await until(lambda: batcher.depth == 8)
@@ -310,6 +314,7 @@ async def test_the_express_lane_computes_a_quiet_key_beside_a_floods_batch() -> 
     assert (await batcher.submit([500], key="B")).results == [1000]
     assert compute.calls == [[1000], [500]]
     assert batcher.depth == 8
+    assert [e for e in events.heard if e[0] == "express"] == [("express", 1, None)]
     compute.release(1000)
     await asyncio.gather(held, *flood)
     assert sorted(compute.computed) == [*range(1, 9), 500, 1000]

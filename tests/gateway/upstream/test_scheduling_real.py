@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,13 @@ import orjson
 import pytest
 
 from gateway.tenants.directory import Tenants, key_digest
-from tests.gateway.conftest import BackendProc, GatewayFactory, metric_value
+from tests.gateway.conftest import (
+    BackendProc,
+    GatewayFactory,
+    metric_value,
+    start_backend,
+    stop_process,
+)
 
 # A loaded 2-core machine computes a long text in up to 0.5 s instead of 35 ms.
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
@@ -156,3 +162,43 @@ async def test_batch_class_work_never_gets_ahead_of_interactive_calls(
     await asyncio.gather(*bulk)
     # Every interactive call was answered while at least half the batch backlog still waited.
     assert bulk_before_last <= FLOOD // 2 - 2, done
+
+
+@pytest.fixture(scope="module")
+def express_backend(models_dir: Path) -> Iterator[BackendProc]:
+    """A real backend with the express lane and its regular workers niced."""
+    proc = start_backend(models_dir, extra=("--express-lane", "--compute-nice", "5"))
+    try:
+        yield proc
+    finally:
+        stop_process(proc.proc)
+
+
+async def test_with_the_express_lane_a_quiet_tenant_is_computed_beside_the_floods_batch(
+    gateway: GatewayFactory, express_backend: BackendProc,
+) -> None:
+    tenants = Tenants.from_mapping({"flood": [key_digest(FLOOD_KEY)],
+                                    "quiet": [key_digest(QUIET_KEY)]})
+    client = await gateway(tenants=tenants, backends=[express_backend.url],
+                           **{"admission.express": True}, **FIXED_LIMIT)
+    done: list[str] = []
+
+    send = sender(client, done, sheddable="flood")
+
+    flood = [asyncio.create_task(send("flood", FLOOD_KEY)) for _ in range(FLOOD)]
+    await until_backlog(express_backend, "1", FLOOD // 2)
+    batches, items = await asyncio.to_thread(express_batches, express_backend)
+    await send("quiet", QUIET_KEY)
+    # A regular worker was computing the flood's backlog when the quiet text came: the lane
+    # took it (one batch, one text), and none of the flood's.
+    assert await asyncio.to_thread(express_batches, express_backend) == (batches + 1, items + 1)
+    flood_before_quiet = done.index("quiet")
+    await asyncio.gather(*flood)
+    assert flood_before_quiet <= FLOOD // 2 - 4, done
+    assert await asyncio.to_thread(express_batches, express_backend) == (batches + 1, items + 1)
+
+
+def express_batches(backend: BackendProc) -> tuple[float, float]:
+    text = httpx.get(f"{backend.url}/metrics", timeout=5).text
+    return (metric_value(text, "backend_express_batches_total", model="minilm"),
+            metric_value(text, "backend_express_items_total", model="minilm"))
