@@ -107,15 +107,19 @@ def test_make_run_serves_the_policies_folder_and_an_edit_takes_effect(tmp_path: 
                            "GATEWAY_PORT": str(gateway_port), "BACKEND_THREADS": "1",
                            "BACKEND_GRPC_PORT": str(free_port()), "READY_TIMEOUT_S": "150"}
     env.pop("POLICIES", None)
-    run = subprocess.Popen(["bash", str(REPO / "deploy" / "run-local.sh")], cwd=tmp_path,
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                           start_new_session=True)
+    # Its stderr (why it stopped, the services' logs) goes to a file, for the failure message.
+    log = tmp_path / "run-local.log"
+    with log.open("wb") as err:
+        run = subprocess.Popen(["bash", str(REPO / "deploy" / "run-local.sh")], cwd=tmp_path,
+                               env=env, stdout=subprocess.PIPE, stderr=err,
+                               start_new_session=True)
     try:
         assert run.stdout is not None
         for line in run.stdout:  # bounded by READY_TIMEOUT_S: the script exits past it
             if line.startswith(b"ready"):
                 break
-        assert run.poll() is None, "make run did not get ready"
+        assert run.poll() is None, (
+            f"make run did not get ready:\n{log.read_text(errors='replace')[-3000:]}")
         # "ready" means one worker is; the other may still be checking the backend's health.
         deadline = time.monotonic() + 60
         while not all(readyz(url)["ready"] for _ in range(8)) and time.monotonic() < deadline:
