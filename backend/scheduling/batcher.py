@@ -387,4 +387,6 @@ def _lower_priority(nice: int) -> None:
     sets it per thread), so the loops and the express lane run first on a shared core."""
     if nice > 0:
         with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            tid = threading.get_native_id()  # a new thread starts at its creator's nice
+            os.setpriority(os.PRIO_PROCESS, tid,
+                           min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
