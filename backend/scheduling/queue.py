@@ -247,8 +247,8 @@ class ScheduleQueue:
         for index, level in enumerate(self.levels):
             if below is not None and index > below:
                 break
+            skip = exclude if index == below else frozenset()
             while len(batch) < max_items:
-                skip = exclude if index == below else frozenset()
                 slot = level.head(skip)
                 if slot is None:
                     break
