@@ -63,9 +63,13 @@ from gateway.telemetry.observer import NullObserver, Observer
 from gateway.upstream.admission.adaptive import GradientLimit
 from gateway.upstream.admission.fairqueue import BATCH, INTERACTIVE, Priority, lower
 from gateway.upstream.admission.settings import AdmissionSettings
-from gateway.upstream.admission.slots import PUBLIC, Slot, _TierQueue, _Waiter
+from gateway.upstream.admission.slots import PUBLIC, GrantRates, Slot, _TierQueue, _Waiter
 
 _ALPHA = 0.2  # weight of the newest service-time sample
+#: ``express``: a tenant is judged quiet on the grants of the last two windows of this length,
+#: and only once the tier has granted at least ``_QUIET_EVIDENCE`` calls in them.
+_RATE_WINDOW_S = 1.0
+_QUIET_EVIDENCE = 20
 
 def _interactive_reserve(limit: int) -> int:
     """Slots batch-class calls leave to interactive ones: a quarter of the limit, at least one
@@ -119,7 +123,8 @@ class Admission:
         if state is None:
             adaptive = None if self._adaptive is None else GradientLimit(
                 self._adaptive, self._limit, clock=self.clock)
-            state = self._tiers[tier] = _TierQueue(adaptive)
+            grants = GrantRates(self.clock, _RATE_WINDOW_S) if self._express else None
+            state = self._tiers[tier] = _TierQueue(adaptive, grants)
             self._limit_gauge(tier, state)
         return state
 
@@ -206,19 +211,36 @@ class Admission:
         return None, victim
 
     def _over_share(self, state: _TierQueue, tenant: str, weight: float,
-                    cls: Priority) -> bool:
+                    cls: Priority, limit: int | None = None) -> bool:
         """Whether ``tenant``, with one more call, would hold and wait for more than its
-        weighted share of the tier's limit among the tenants of the class holding or waiting
-        there now. The wait bound sheds only such a tenant: one under its share is not what
-        overloads the tier (the fair queue serves it next), and shedding it for the backlog
-        of another would hand the other its place."""
+        weighted share of the tier's limit (or of ``limit``) among the tenants of the class
+        holding or waiting there now. The wait bound sheds only such a tenant: one under its
+        share is not what overloads the tier (the fair queue serves it next), and shedding it
+        for the backlog of another would hand the other its place."""
         queued = state.waiters.queued(cls)
         active = set(queued)
         active.update(state.holders)
         active.add(tenant)
         total = sum(self._weight(t) for t in active)
         mine = state.holders.get(tenant, 0) + queued.get(tenant, 0) + 1
-        return mine * total > self._limit_of(state) * weight
+        return mine * total > (self._limit_of(state) if limit is None else limit) * weight
+
+    def _quiet(self, state: _TierQueue, tenant: str, weight: float) -> bool:
+        """``express``: whether ``tenant`` took less than its weighted share of the tier's
+        interactive grants lately (``GrantRates``, two windows of ``_RATE_WINDOW_S``), among
+        the tenants granted any. A flood's slower calls pull the learned limit down and with
+        it every tenant's share of slots, so a tenant whose calls overlap (two in flight at
+        60 a second of 10 ms each) looks over its share of slots; by its share of the calls
+        it is quiet, and a lone flooding tenant (all the calls) never is."""
+        grants = state.grants
+        if grants is None:
+            return False
+        mine, total, tenants = grants.share(tenant)
+        if total < _QUIET_EVIDENCE:
+            return False
+        tenants.add(tenant)
+        weights = sum(self._weight(t) for t in tenants)
+        return mine * weights < total * weight
 
     def refuse_early(self, tenant: str, deadline: float) -> Overloaded | None:
         """Why an interactive request of ``tenant`` would be shed, judged early (after its
@@ -319,7 +341,9 @@ class Admission:
         instead of waiting for one of the flood's calls to end; its calls beyond the limit
         are bounded by its share. With ``express`` (a backend that computes such a call
         beside the batch in compute), a tenant holding no slot is bounded by the ceiling,
-        ``tier_concurrency``, plus its reserve, instead of the learned limit."""
+        ``tier_concurrency``, plus its reserve, instead of the learned limit, and so is one
+        holding slots that took less than its weighted share of the tier's calls lately
+        (``_quiet``), its own slots then bounded by its share of the ceiling."""
         if cls == BATCH:
             return not state.waiters and self._free(state, batch=True)
         if not state.waiters.waiting(INTERACTIVE) and self._free(state, batch=False):
@@ -327,10 +351,18 @@ class Admission:
         if state.waiters.queued_of(tenant, INTERACTIVE):
             return False
         held = state.holders.get(tenant, 0)
-        if held and self._over_share(state, tenant, self._weight(tenant), INTERACTIVE):
-            return False
         limit = self._limit_of(state)
-        if not held and self._express:
+        if held:
+            weight = self._weight(tenant)
+            if self._express and self._quiet(state, tenant, weight):
+                # Quiet by its share of the calls: its slots bounded by its share of the
+                # ceiling, not of the learned limit the flood's slower calls pull down.
+                if self._over_share(state, tenant, weight, INTERACTIVE, self._limit):
+                    return False
+                limit = max(limit, self._limit)
+            elif self._over_share(state, tenant, weight, INTERACTIVE):
+                return False
+        elif self._express:
             limit = max(limit, self._limit)  # to a backend's express lane: the ceiling's bound
         # The tenant's own slots do not count: one under its share sends its next call while
         # its first computes, instead of waiting for one of the flood's calls to end.

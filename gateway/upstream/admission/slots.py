@@ -32,9 +32,10 @@ class _Owner(Protocol):
 
 
 class _TierQueue:
-    __slots__ = ("active", "adaptive", "batch_active", "ewma_s", "holders", "samples", "waiters")
+    __slots__ = ("active", "adaptive", "batch_active", "ewma_s", "grants", "holders", "samples",
+                 "waiters")
 
-    def __init__(self, adaptive: GradientLimit | None) -> None:
+    def __init__(self, adaptive: GradientLimit | None, grants: GrantRates | None = None) -> None:
         self.active = 0
         self.batch_active = 0  # of ``active``: slots held by batch-class calls
         self.adaptive = adaptive
@@ -42,11 +43,15 @@ class _TierQueue:
         self.holders: dict[str, int] = {}  # tenant -> slots held now
         self.ewma_s = 0.0
         self.samples = 0
+        self.grants = grants
+        """Interactive slots granted per tenant lately (``admission.express`` only)."""
 
     def hold(self, tenant: str, batch: bool = False) -> None:
         self.active += 1
         self.batch_active += batch
         self.holders[tenant] = self.holders.get(tenant, 0) + 1
+        if self.grants is not None and not batch:
+            self.grants.add(tenant)
 
     def unhold(self, tenant: str, batch: bool = False) -> None:
         self.active -= 1
@@ -56,6 +61,46 @@ class _TierQueue:
             self.holders[tenant] = left
         else:
             self.holders.pop(tenant, None)
+
+
+class GrantRates:
+    """Slots granted per tenant over the last two windows of ``window_s`` (the one running and
+    the one before it): what share of a tier's calls each tenant has been taking lately, a
+    measure a flood cannot move by holding slots longer (``Admission._quiet``)."""
+
+    __slots__ = ("clock", "current", "current_total", "ends", "previous", "previous_total",
+                 "window_s")
+
+    def __init__(self, clock: Callable[[], float], window_s: float = 1.0) -> None:
+        self.clock = clock
+        self.window_s = window_s
+        self.current: dict[str, int] = {}
+        self.previous: dict[str, int] = {}
+        self.current_total = 0
+        self.previous_total = 0
+        self.ends = clock() + window_s
+
+    def _roll(self) -> None:
+        now = self.clock()
+        if now < self.ends:
+            return
+        if now < self.ends + self.window_s:
+            self.previous, self.previous_total = self.current, self.current_total
+        else:  # a whole window with no grant: what came before it is no longer lately
+            self.previous, self.previous_total = {}, 0
+        self.current, self.current_total = {}, 0
+        self.ends = now + self.window_s
+
+    def add(self, tenant: str) -> None:
+        self._roll()
+        self.current[tenant] = self.current.get(tenant, 0) + 1
+        self.current_total += 1
+
+    def share(self, tenant: str) -> tuple[int, int, set[str]]:
+        """(``tenant``'s grants, all grants, the tenants granted any) over both windows."""
+        self._roll()
+        mine = self.current.get(tenant, 0) + self.previous.get(tenant, 0)
+        return mine, self.current_total + self.previous_total, {*self.current, *self.previous}
 
 
 class _Waiter:

@@ -462,3 +462,74 @@ async def test_with_express_a_tenant_already_holding_a_slot_is_not_let_past_the_
     second.cancel()
     for slot in held:
         slot.release()
+
+
+@pytest.mark.parametrize("express", [False, True])
+async def test_with_express_a_tenant_quiet_by_its_share_of_the_calls_overlaps_its_calls(
+        express: bool) -> None:
+    """A flood's slower calls pull the learned limit down (here the first probe's 3, reserve
+    1) and with it every tenant's share of slots: a quiet tenant whose calls overlap is over
+    its share of slots with its second one. With ``express`` it is judged by its share of the
+    tier's calls lately instead (b: 6 of 44, under its half), so its second call goes at
+    once, bounded by its share of the ceiling (8); the flood (30 of 35) and a lone tenant
+    (all of them) keep the ordinary bound; with no grant for two windows the evidence is gone."""
+    now = [100.0]
+    admission = Admission(AdmissionSettings(
+        tier_concurrency=8, tier_queue=100, max_wait_factor=0.0, express=express,
+        adaptive=AdaptiveSettings(min_limit=3)), clock=lambda: now[0])
+
+    async def call(tenant: str) -> None:
+        (await admission.acquire("zone", deadline=now[0] + 60, tenant=tenant)).release()
+
+    for _ in range(6):  # a lone tenant: all the calls, never quiet
+        await call("a")
+    alone = [await admission.acquire("zone", deadline=now[0] + 60, tenant="a")
+             for _ in range(3)]
+    waits = asyncio.create_task(admission.acquire("zone", deadline=now[0] + 60, tenant="a"))
+    await asyncio.sleep(0)
+    assert admission.tenants("zone")["a"] == (3, 1)
+    for slot in alone:
+        slot.release()
+    (await waits).release()
+    now[0] += 0.5
+    for _ in range(25):
+        await call("a")
+    for _ in range(5):
+        await call("b")
+    flood = [await admission.acquire("zone", deadline=now[0] + 60, tenant="a")
+             for _ in range(3)]
+    first = await admission.acquire("zone", deadline=now[0] + 60, tenant="b")  # holds none
+    second = asyncio.create_task(admission.acquire("zone", deadline=now[0] + 60, tenant="b"))
+    more = asyncio.create_task(admission.acquire("zone", deadline=now[0] + 60, tenant="a"))
+    await asyncio.sleep(0)
+    assert admission.tenants("zone")["b"] == ((2, 0) if express else (1, 1))
+    assert admission.tenants("zone")["a"] == (3, 1)  # the flood: over its share of the calls
+    if express:
+        # b's share of the ceiling's 8 is 4: its fifth call in flight waits.
+        extra = [await admission.acquire("zone", deadline=now[0] + 60, tenant="b")
+                 for _ in range(2)]
+        fifth = asyncio.create_task(
+            admission.acquire("zone", deadline=now[0] + 60, tenant="b"))
+        await asyncio.sleep(0)
+        assert admission.tenants("zone")["b"] == (4, 1)
+        for slot in [*extra, *flood, first]:
+            slot.release()
+        for task in (second, fifth, more):
+            (await task).release()
+    else:
+        for slot in [*flood, first]:
+            slot.release()
+        for task in (second, more):
+            (await task).release()
+    # Two windows and more without a grant: no evidence, the ordinary bound again.
+    now[0] += 2.5
+    flood = [await admission.acquire("zone", deadline=now[0] + 60, tenant="a")
+             for _ in range(3)]
+    first = await admission.acquire("zone", deadline=now[0] + 60, tenant="b")
+    second = asyncio.create_task(admission.acquire("zone", deadline=now[0] + 60, tenant="b"))
+    await asyncio.sleep(0)
+    assert admission.tenants("zone")["b"] == (1, 1)
+    for slot in [*flood, first]:
+        slot.release()
+    (await second).release()
+    assert admission.inflight("zone") == 0 and admission.queue_depth("zone") == 0
