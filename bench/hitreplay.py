@@ -93,6 +93,8 @@ def replay_node(keys: list[CacheKey], sizes: np.ndarray, *, max_bytes: int,
         store: GenerationStore | SampledStore = (
             SampledStore(path, max_bytes, clock=lambda: NOW) if eviction == "sampled"
             else GenerationStore(path, max_bytes))
+        if isinstance(store, SampledStore):
+            store.track_peak = True  # the tier's high-water mark, which the table reports
         admit = NodeAdmission.open(path, store.map_size) if admission else None
         try:
             pending: dict[bytes, bytes] = {}

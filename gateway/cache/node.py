@@ -29,7 +29,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +49,7 @@ from gateway.cache.nodestore import (
     pack,
     unpack_deadline,
 )
-from gateway.cache.nodewriter import Background, NodeWriter, _Job
+from gateway.cache.nodewriter import Background, NodeWriter, WriterThread, _Job
 from gateway.cache.settings import NodeCacheSettings
 from gateway.telemetry.observer import NullObserver, Observer
 
@@ -119,7 +118,7 @@ class NodeCache(NodeWriter):
         except BaseException:
             self._store.close()
             raise
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-cache-writer")
+        self._writer = WriterThread("node-cache-writer")
         self._lock = threading.Lock()  # guards the queue between the loop and the writer
         self._queue: list[_Job] = []
         self._queued_items = 0
@@ -128,9 +127,14 @@ class NodeCache(NodeWriter):
         self._loop: asyncio.AbstractEventLoop | None = None  # where unawaited writes report
         self._unreported = 0  # unawaited writes queued whose report has not reached the loop
         self._idle: list[asyncio.Future[None]] = []  # flush() callers waiting for those
+        # What the writer thread did for unawaited writes, not yet counted on the loop
+        # (under _lock): writes, stored, evicted, rejected, failed, bytes after (-1: none).
+        self._done: list[int] = [0, 0, 0, 0, 0, -1]
+        self._wake_on_write = False  # a flush() waits: the writer wakes the loop (under _lock)
         self._last_reader_check = time.monotonic()
         self._closed = False
         self._observer.cache_bytes("node", self._store.used_bytes()[0])  # warm from a restart
+        self._no_collect = self._observer.on_flush(self._collect)
 
     def stats(self) -> NodeStats:
         used, entries = self._store.used_bytes()
@@ -239,14 +243,20 @@ class NodeCache(NodeWriter):
         return int(removed)
 
     async def flush(self) -> None:
-        """Wait for every write queued so far."""
+        """Wait for every write queued so far (and count what the unawaited ones did)."""
         while self._pending or self._unreported:
             if self._pending:
                 await asyncio.gather(*list(self._pending), return_exceptions=True)
             if self._unreported:
-                idle: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._idle.append(idle)
-                await idle
+                with self._lock:  # from now on the writer wakes the loop after each write
+                    self._wake_on_write = True
+                self._collect()
+                if self._unreported:
+                    idle: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    self._idle.append(idle)
+                    await idle
+        with self._lock:
+            self._wake_on_write = False
 
     async def close(self) -> None:
         """Wait for queued writes, stop the writer thread and release the directory."""
@@ -254,6 +264,7 @@ class NodeCache(NodeWriter):
             return
         await self.flush()
         self._closed = True
+        self._no_collect()
         await asyncio.get_running_loop().run_in_executor(None, self._writer.shutdown)
         if self._admit is not None:
             self._admit.close()
@@ -271,24 +282,49 @@ class NodeCache(NodeWriter):
         self._unreported += 1
 
     def _wrote(self, report: Background) -> None:
-        """Writer thread: the outcome of unawaited writes goes to the loop (one wake-up)."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._done_background, report)
-
-    def _done_background(self, report: Background) -> None:
-        """On the loop: count what unawaited writes did, as ``_run`` counts an awaited one."""
+        """Writer thread: add the outcome of unawaited writes to what the loop collects at
+        the next metrics flush (``_collect``); the loop is woken for it only while a
+        ``flush()`` waits, not once per write (a wake-up per miss cost the loop a turn)."""
         writes, done, failed, exc = report
-        self._unreported -= writes
         if exc is not None:
             if isinstance(exc, lmdb.Error):
                 log.warning("node cache write failed: %s", type(exc).__name__)
             else:  # not the store's trouble: more likely a bug, so make it visible
                 log.error("node cache write raised unexpected %s", type(exc).__name__,
                           exc_info=exc)
+        with self._lock:
+            acc = self._done
+            acc[0] += writes
+            acc[4] += failed if exc is not None else 0
+            if done is not None:
+                acc[1] += done.stored
+                acc[2] += done.evicted
+                acc[3] += done.rejected
+                acc[5] = done.bytes
+            wake = self._wake_on_write
+        loop = self._loop
+        if wake and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._collect)
+
+    def _collect(self) -> None:
+        """On the loop: count what the writer thread did for unawaited writes since the last
+        collection, as ``_run`` counts an awaited one, and release ``flush()`` waiters once
+        every queued write is done."""
+        with self._lock:
+            acc = self._done
+            if not acc[0]:
+                return
+            self._done = [0, 0, 0, 0, 0, -1]
+        writes, stored, evicted, rejected, failed, used = acc
+        self._unreported -= writes
+        if failed:
             self._observer.cache_errors("node", failed)
-        if done is not None:
-            self._report(done)
+        self._observer.cache_stored("node", stored)
+        self._observer.cache_evictions("node", evicted)
+        if rejected:
+            self._observer.cache_evictions("node", rejected, "rejected")
+        if used >= 0:
+            self._observer.cache_bytes("node", used)
         if self._unreported <= 0:
             self._unreported = 0
             idle, self._idle = self._idle, []

@@ -99,6 +99,9 @@ class SampledStore:
         self.samples = samples
         self.env = open_env(path, self.map_size)
         self.last_peak = 0
+        #: Count ``last_peak`` (the entries held at the fullest point of the last write, for the
+        #: hit-ratio replays): a ``stat`` per write, which the live tier does not need.
+        self.track_peak = False
         self.clock = clock  # entries past their deadline by it are evicted first
         self._random = random.Random()
         try:
@@ -168,7 +171,8 @@ class SampledStore:
         del promotes
         with self.env.begin(write=True) as txn:
             used = self._bytes(txn)
-            entries = int(txn.stat(self._db)["entries"])  # kept by hand below: one stat
+            # Kept by hand below; one stat, and only for the replays' peak.
+            entries = int(txn.stat(self._db)["entries"]) if self.track_peak else 0
             deleted = 0
             for raw in deletes:
                 old = txn.pop(raw, db=self._db)
@@ -236,7 +240,8 @@ class SampledStore:
                 entries -= 1
                 pages = self._pages(txn)
             txn.put(b"bytes", _BYTES.pack(max(0, used)), db=self._meta)
-            self.last_peak = max(peak, entries)
+            if self.track_peak:
+                self.last_peak = max(peak, entries)
         return WriteResult(stored, evicted, 0, pages, rejected), deleted
 
     def _victim(self, txn: lmdb.Transaction, cursor: lmdb.Cursor, admit: Estimator | None,

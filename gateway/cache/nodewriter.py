@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import lmdb
@@ -30,13 +32,52 @@ READER_CHECK_S = 30.0
 #: Entries queued for the writer thread at most; stores beyond it are dropped (a cache write).
 MAX_QUEUED = 65_536
 
-#: (op, args, future); a write nobody awaits has no future: its result goes to ``_done_background``
-#: on the loop, once per transaction for all of them (``_wrote``), not one future per write.
+#: (op, args, future); a write nobody awaits has no future: its result goes to ``_wrote``,
+#: once per transaction for all of them, not one future per write.
 _Job = tuple[str, Any, "Future[Any] | None"]
-#: What the writer thread hands the loop for the writes nobody awaited in one transaction: how
+#: What the writer thread reports for the writes nobody awaited in one transaction: how
 #: many writes, their WriteResult (None when the transaction failed), the entries that failed,
 #: and the exception (or None).
 Background = tuple[int, "WriteResult | None", int, "BaseException | None"]
+
+
+class WriterThread:
+    """One thread that runs the functions handed to it, in order. A wake-up is one
+    ``SimpleQueue.put`` (C), where a ``ThreadPoolExecutor`` made a future and a work item per
+    call and ran both through its Python code on each side, once per miss. A daemon thread:
+    ``shutdown`` (``NodeCache.close``) runs what was handed over and joins it; a process that
+    exits without closing the tier loses the writes still queued (later misses, as in a
+    crash)."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._shut = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the thread; RuntimeError once shut down."""
+        if self._shut:
+            raise RuntimeError("cannot schedule new work after shutdown")
+        self._jobs.put(fn)
+
+    def shutdown(self) -> None:
+        """Run what was handed over, then stop the thread and wait for it."""
+        if not self._shut:
+            self._shut = True
+            self._jobs.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            fn = self._jobs.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except BaseException:  # the drain handles its own; anything else is a bug
+                log.exception("node cache writer thread")
 
 
 class NodeWriter:
@@ -44,7 +85,7 @@ class NodeWriter:
 
     _store: GenerationStore | SampledStore
     _admit: NodeAdmission | None
-    _writer: ThreadPoolExecutor
+    _writer: WriterThread
     _lock: threading.Lock
     _queue: list[_Job]
     _queued_items: int
@@ -53,7 +94,7 @@ class NodeWriter:
     _closed: bool
 
     def _wrote(self, report: Background) -> None:
-        """Writer thread: hand the loop the outcome of unawaited writes (``NodeCache`` sets it)."""
+        """Writer thread: the outcome of unawaited writes (``NodeCache`` sets it)."""
         raise NotImplementedError
 
     def _enqueue(self, op: str, args: Any, items: int) -> Future[Any]:

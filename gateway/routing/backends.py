@@ -58,16 +58,15 @@ class BackendState:
     model_versions: dict[str, str] = field(default_factory=dict)
     model_identities: dict[str, str] = field(default_factory=dict)
     cold_start: ColdStart = field(default_factory=ColdStart)
+    name: str = field(init=False, default="")
+    """The backend's label for metrics and logs (``spec.label``, kept: read several times
+    per call)."""
+    url: str = field(init=False, default="")
+    """Base URL, without a trailing slash (``spec.url``)."""
 
-    @property
-    def name(self) -> str:
-        """The backend's label for metrics and logs."""
-        return self.spec.label
-
-    @property
-    def url(self) -> str:
-        """Base URL, without a trailing slash."""
-        return self.spec.url
+    def __post_init__(self) -> None:
+        self.name = self.spec.label
+        self.url = self.spec.url
 
     def ejected(self, now: float) -> bool:
         """True while outlier ejection keeps this backend out."""

@@ -51,7 +51,18 @@ class Tally:
         self._hists: dict[Hashable, Series] = {}
         self._gauges: dict[Hashable, list[Any]] = {}  # key -> [child, latest value, changed]
         self._records: dict[Hashable, list[Any]] = {}  # key -> [expand, args, times]
+        self._before: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
+
+    def before_flush(self, collect: Callable[[], None]) -> Callable[[], None]:
+        """Call ``collect`` at the start of every ``flush`` (it reports what it has gathered
+        through this tally); returns what removes it."""
+        self._before.append(collect)
+
+        def remove() -> None:
+            if collect in self._before:
+                self._before.remove(collect)
+        return remove
 
     def inc(self, metric: Any, labels: tuple[str, ...], amount: float = 1.0) -> None:
         key = (id(metric), labels)
@@ -107,6 +118,8 @@ class Tally:
 
     def flush(self) -> None:
         """Hand everything pending to prometheus-client."""
+        for collect in self._before:
+            collect()
         if self._records:
             records, self._records = self._records, {}
             for expand, args, times in records.values():

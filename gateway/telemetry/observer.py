@@ -8,7 +8,7 @@ label children (``labels()`` per call costs a lock and a dict walk, more than a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -124,6 +124,12 @@ class Observer(Protocol):
     def cache_bytes(self, tier: str, n: int) -> None:
         """Bytes one tier holds now (the node tier: its pages, after a write)."""
 
+    def on_flush(self, collect: Callable[[], None]) -> Callable[[], None]:
+        """Have ``collect`` called on the loop before every hand-over of the batched counts
+        (every flush interval, and before a scrape renders): a thread's own tallies (the node
+        tier's writer) reach the metrics then, without waking the loop once per event.
+        Returns what undoes it."""
+
     def cache_evictions(self, tier: str, items: int, reason: str = "capacity") -> None:
         """Entries one tier dropped or kept out, by ``reason``: ``capacity`` (to stay within
         its bound), ``expired`` (past their deadline), ``rejected`` (new entries the admission
@@ -200,6 +206,10 @@ class Observer(Protocol):
         """A batch reached a final status (``completed``, ``cancelled``, ``expired``)."""
 
 
+def _nothing() -> None:
+    pass
+
+
 class NullObserver:
     """Observes nothing."""
 
@@ -256,6 +266,9 @@ class NullObserver:
 
     def cache_bytes(self, tier: str, n: int) -> None:
         pass
+
+    def on_flush(self, collect: Callable[[], None]) -> Callable[[], None]:
+        return _nothing
 
     def cache_evictions(self, tier: str, items: int, reason: str = "capacity") -> None:
         pass

@@ -4,7 +4,7 @@ gauges are set at once."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway.telemetry.tenant_labels import TenantLabels
@@ -145,6 +145,9 @@ class MetricsObserver:
 
     def cache_bytes(self, tier: str, n: int) -> None:
         self.metrics.child(self.metrics.cache_bytes, tier).set(n)
+
+    def on_flush(self, collect: Callable[[], None]) -> Callable[[], None]:
+        return self.tally.before_flush(collect)
 
     def cache_evictions(self, tier: str, items: int, reason: str = "capacity") -> None:
         if items:

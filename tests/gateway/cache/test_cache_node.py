@@ -413,6 +413,55 @@ async def test_a_background_write_wakes_the_writer_on_the_next_loop_turn(
     assert rec.counts[("node", "stored")] == 2
 
 
+async def test_a_background_write_is_counted_at_the_metrics_flush_without_waking_the_loop(
+    open_node: Factory,
+) -> None:
+    """The writer thread does not wake the loop once per write (a turn of the loop per miss):
+    what it did waits until the next metrics flush (the hook ``on_flush`` registers) or a
+    ``flush()``, which then counts it exactly; a closed tier takes its hook back."""
+    hooks: list[Any] = []
+
+    class Hooked(Recorder):
+        def on_flush(self, collect: Any) -> Any:
+            hooks.append(collect)
+            return lambda: hooks.remove(collect)
+
+    rec = Hooked()
+    node = open_node(observer=rec)
+    assert len(hooks) == 1
+    loop = asyncio.get_running_loop()
+    woken: list[object] = []
+    original = loop.call_soon_threadsafe
+
+    def recording(callback: Any, *args: Any, **kw: Any) -> Any:
+        woken.append(callback)
+        return original(callback, *args, **kw)
+
+    loop.call_soon_threadsafe = recording  # type: ignore[method-assign]
+    try:
+        now = time.time()
+        node.store_nowait([(k("a"), entry(b"A", now)), (k("b"), entry(b"B", now))])
+        for _ in range(500):  # the write lands on disk; nothing tells the loop
+            await asyncio.sleep(0.01)
+            if await node.get_many([k("b")]) != [None]:
+                break
+        await asyncio.sleep(0.05)  # the writer's report is in by now
+        assert rec.counts[("node", "stored")] == 0 and not woken
+        hooks[0]()  # the metrics flush
+        assert rec.counts[("node", "stored")] == 2 and rec.bytes["node"] > 0
+        hooks[0]()  # nothing twice
+        assert rec.counts[("node", "stored")] == 2
+        # With a flush() waiting, the writer wakes the loop for it.
+        node.store_nowait([(k("c"), entry(b"C", now))])
+        await asyncio.wait_for(node.flush(), timeout=5)
+        assert rec.counts[("node", "stored")] == 3
+        assert woken == [node._collect] or (not woken and node._unreported == 0)
+    finally:
+        loop.call_soon_threadsafe = original  # type: ignore[method-assign]
+    await node.close()
+    assert hooks == []
+
+
 async def test_a_background_write_whose_writer_is_gone_fails_as_a_write_and_flush_returns(
     open_node: Factory,
 ) -> None:
