@@ -41,9 +41,12 @@ class AdmissionSettings:
     """For backends that run the express lane (``BACKEND_EXPRESS_LANE``): an interactive call
     of a tenant holding no slot in the tier gets one at once while the other tenants' calls
     in flight stay under ``tier_concurrency`` plus the interactive reserve (a quarter of it),
-    whatever the learned limit (as with the adaptive limit off). Such a backend computes that
-    call beside the batch in compute; without this, a quiet tenant beside a flood waits in the
-    gateway whenever the learned limit falls below the flood's slots (docs/SCHEDULING.md)."""
+    whatever the learned limit (as with the adaptive limit off); so does a tenant holding
+    slots that took less than its weighted share of the tier's calls in the last two seconds,
+    its own slots then bounded by its share of ``tier_concurrency``. Such a backend computes
+    that call beside the batch in compute; without this, a quiet tenant beside a flood waits
+    in the gateway whenever the learned limit falls below the flood's slots
+    (docs/SCHEDULING.md)."""
     adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)
     """The adaptive concurrency limit per tier (gateway/upstream/admission/adaptive.py), on by
     default: the calls in flight follow what the backends can use, and the surplus waits in
