@@ -30,6 +30,13 @@ Cases:
   biggest batch at every length does not finish within 900 s under callgrind. Both backend
   cases print each object file's own instructions per request.
 
+- ``refused``: the gateway refusing a tenant's request at once for its backlog (503
+  ``queue_full``, judged early: before the policy, keys and lookups), what every request
+  past the capacity costs under overload. A fake backend with one slot that never answers
+  (``bench.slow_backend``), the gateway at one slot and one waiter per tier, the adaptive
+  limit off and refusals not held (``admission.refusal_hold_s: 0``); one call holds the slot
+  and one waits, then each counted request (a new text) is refused.
+
 ``--gateway-src`` runs another checkout's gateway package, ``--backend-src`` another checkout's
 backend package (before/after figures in one run).
 """
@@ -53,7 +60,7 @@ from bench.procs import busy_seconds, clean_env, free_port
 
 MODEL = "minilm"
 CASES = ("floor_hit", "hot", "l1_hit", "node_hit", "proxy_miss", "miss", "miss_grpc",
-         "backend_floor", "backend")
+         "refused", "backend_floor", "backend")
 #: The object file whose own instructions ``backend_floor`` leaves out (ONNX Runtime's compute).
 ORT_OBJECT = "onnxruntime_pybind11_state"
 
@@ -167,6 +174,10 @@ class Client:
         data = resp.read()
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
 
+    def get(self, path: str) -> bytes:
+        self.conn.request("GET", path)
+        return self.conn.getresponse().read()
+
     def close(self) -> None:
         self.conn.close()
 
@@ -261,6 +272,52 @@ def gateway_case(case: str, backend: services.Server, src: Path | None, warmup: 
         finally:
             client.close()
 
+
+
+#: ``refused``: what the held calls ask for (the cap the gateway is given) and the gateway's
+#: settings that make every later call of the tenant a refusal judged early.
+_HOLD_MS = 3_600_000
+REFUSED_SETTINGS: dict[str, object] = {
+    "admission.tier_concurrency": 1, "admission.tier_queue": 1,
+    "admission.adaptive.enabled": False, "admission.refusal_hold_s": 0,
+    "admission.max_wait_factor": 0, "max_timeout_ms": _HOLD_MS,
+    "routing.num_retries": 0,
+}
+
+
+def refused_case(src: Path | None, warmup: int, requests: int) -> float:
+    """Instructions per request refused at once (the ``refused`` case, module docstring)."""
+    with services.slow_backend(cores=None, slots=1, service_ms=_HOLD_MS) as backend:
+
+        def start(prefix: list[str]) -> services.Server:
+            return services.gateway(backend.url, cores=None, settings=REFUSED_SETTINGS,
+                                    src=src, prefix=prefix, ready_timeout_s=600.0)
+
+        with under_callgrind(start) as counted:
+            port = counted.server.port
+            held: list[http.client.HTTPConnection] = []
+            for i in range(2):  # one call in the slot, one waiting behind it
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+                conn.request("POST", "/v1/embeddings", body=embeddings_body(f"held call {i}"),
+                             headers={"Content-Type": "application/json",
+                                      "X-Request-Timeout-Ms": str(_HOLD_MS)})
+                held.append(conn)
+                time.sleep(2.0)  # reaches its slot / the queue before the next one
+            client = Client(port)
+
+            def send(i: int) -> None:
+                s, _, body = client.post("/v1/embeddings",
+                                         embeddings_body(f"a refused sentence {i}"))
+                if s != 503 or b"queue" not in body:
+                    raise RuntimeError(f"expected a 503 for the full queue, got {s}: "
+                                       f"{body[:200]!r}")
+
+            try:
+                return measure(counted, client, send, warmup=warmup, requests=requests)
+            finally:
+                client.close()
+                for conn in held:
+                    conn.close()
 
 
 def floor_case(backend: services.Server, warmup: int, requests: int) -> float:
@@ -379,6 +436,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append((case, "floor", floor_case(backend, args.warmup, args.requests)))
             elif case == "proxy_miss":
                 rows.append((case, "floor", proxy_case(backend, args.warmup, args.requests)))
+            elif case == "refused":
+                for src in [None, *args.gateway_src]:
+                    label = "this checkout" if src is None else str(src)
+                    rows.append((case, label, refused_case(src, args.warmup, args.requests)))
             elif case == "backend_floor":
                 objects = breakdown.setdefault(case, {})
                 rows.append((case, "floor", backend_case(case, args.models, args.warmup,
@@ -405,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     floor = {c: ir for c, _, ir in rows if c in ("floor_hit", "proxy_miss")}
     print()
     for case, label, ir in rows:
-        base = floor.get("floor_hit") if case in ("hot", "l1_hit", "node_hit") else (
+        base = floor.get("floor_hit") if case in ("hot", "l1_hit", "node_hit", "refused") else (
             floor.get("proxy_miss") if case.startswith("miss") else None)
         if base:
             print(f"- {case} ({label}): {ir / base:.2f}x its floor")

@@ -3,11 +3,14 @@ bench: too slow for the suite)."""
 
 from __future__ import annotations
 
+import http.client
+import re
+import time
 from pathlib import Path
 
 import pytest
 
-from bench import cpu
+from bench import cpu, services
 
 # A dump as callgrind writes it with --dump-instr=no --collect-jumps=no: name compression,
 # relative positions, a call whose inclusive cost must not count as the caller's own.
@@ -69,3 +72,56 @@ def test_totals_and_a_dump_still_being_written(tmp_path: Path) -> None:
 def test_the_backend_floor_case_is_known_and_leaves_out_onnx_runtime() -> None:
     assert "backend_floor" in cpu.CASES
     assert cpu.ORT_OBJECT in "/venv/onnxruntime/capi/onnxruntime_pybind11_state.cpython-311.so"
+
+
+def test_the_refused_case_is_a_refusal_judged_before_the_policy_and_lookups() -> None:
+    """The ``refused`` case's set-up, without valgrind: with one call in the only slot and one
+    waiting, each new request of the tenant is refused at once (503, the full queue) by the
+    early judgement, so it never reaches the policy (its decisions stay at the two held
+    calls') nor the cache lookups."""
+    backend = services.slow_backend(cores=None, slots=1, service_ms=cpu._HOLD_MS)
+    try:
+        metrics = _refusals(backend)
+    finally:
+        backend.stop()
+    decisions = sum(float(v) for v in re.findall(
+        r'^gateway_policy_decisions_total\{[^}]*\} (\S+)$', metrics, re.M))
+    assert decisions == 2.0  # the held calls only
+    assert re.search(r'^gateway_shed_total\{reason="queue_full"\} 3\.0$', metrics, re.M)
+    lookups = sum(float(v) for v in re.findall(
+        r'^gateway_cache_lookups_total\{[^}]*tier="l1"[^}]*\} (\S+)$', metrics, re.M))
+    assert lookups == 2.0  # the held calls' texts only
+
+
+def _refusals(backend: services.Server) -> str:
+    """Three refused requests behind two held calls; the gateway's /metrics after them (the
+    backend is stopped before the gateway, so the held calls end and the gateway stops at
+    once)."""
+    with services.gateway(backend.url, cores=None, settings=cpu.REFUSED_SETTINGS) as gateway:
+        held = []
+        for i in range(2):
+            conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=60)
+            conn.request("POST", "/v1/embeddings", body=cpu.embeddings_body(f"held call {i}"),
+                         headers={"Content-Type": "application/json",
+                                  "X-Request-Timeout-Ms": str(cpu._HOLD_MS)})
+            held.append(conn)
+        client = cpu.Client(gateway.port)
+        try:
+            for _ in range(100):  # both held calls in: one in the slot, one queued
+                metrics = client.get("/metrics").decode()
+                if re.search(r'gateway_queue_depth\{class="interactive",tier="[^"]+"\} 1\.0',
+                             metrics):
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("the second held call never queued")
+            for i in range(3):
+                status, headers, body = client.post(
+                    "/v1/embeddings", cpu.embeddings_body(f"a refused sentence {i}"))
+                assert status == 503 and b"queue" in body and "retry-after" in headers
+            return client.get("/metrics").decode()
+        finally:
+            client.close()
+            for conn in held:
+                conn.close()
+            backend.stop()
