@@ -229,9 +229,16 @@ class NodeWriter:
         raise AssertionError("unreachable")  # the loop returns or raises
 
     def _maybe_check_readers(self) -> None:
+        """Free dead processes' reader slots every ``READER_CHECK_S``. A check that fails is
+        logged and tried again next time: raised here, it would end the drain with the jobs it
+        took unanswered and the queue marked as draining, and no write would run again."""
         now = time.monotonic()
         if now - self._last_reader_check >= READER_CHECK_S:
             self._last_reader_check = now
-            cleared = self._store.reader_check()
+            try:
+                cleared = self._store.reader_check()
+            except lmdb.Error as exc:
+                log.warning("node cache reader check failed: %s", type(exc).__name__)
+                return
             if cleared:
                 log.info("node cache: freed %d reader slots of dead processes", cleared)

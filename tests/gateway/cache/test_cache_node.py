@@ -462,6 +462,31 @@ async def test_a_background_write_is_counted_at_the_metrics_flush_without_waking
     assert hooks == []
 
 
+async def test_a_failing_reader_check_does_not_stop_the_writer(
+    open_node: Factory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writer frees dead readers' slots now and then; if that check raises, the writes
+    queued with it still run, and so do later ones (raised out of the drain, it would leave
+    the queue marked as draining and no write would run again)."""
+    rec = Recorder()
+    node = open_node(observer=rec)
+
+    def broken() -> int:
+        raise lmdb.ReadersFullError("reader table full")
+
+    monkeypatch.setattr(node._store, "reader_check", broken)
+    node._last_reader_check = 0.0  # due now
+    now = time.time()
+    a = entry(b"A", now)
+    node.store_nowait([(k("a"), a)])
+    await asyncio.wait_for(node.flush(), timeout=5)
+    node._last_reader_check = 0.0
+    node.store_nowait([(k("b"), entry(b"B", now))])
+    await asyncio.wait_for(node.flush(), timeout=5)
+    assert await node.get_many([k("a"), k("b")]) != [None, None]
+    assert rec.counts[("node", "stored")] == 2
+
+
 async def test_a_background_write_whose_writer_is_gone_fails_as_a_write_and_flush_returns(
     open_node: Factory,
 ) -> None:
