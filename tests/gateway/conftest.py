@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import shutil
@@ -34,6 +35,19 @@ class BackendProc:
     url: str
     port: int
     proc: subprocess.Popen[bytes]
+    log_path: str | None = None
+    """Its stderr (the backend's log), kept for the run: a failing test that used the backend
+    shows the tail in its report (``pytest_runtest_makereport`` below)."""
+
+    def log_tail(self, size: int = 4000) -> str:
+        if self.log_path is None:
+            return ""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(max(0, os.path.getsize(self.log_path) - size))
+                return log.read().decode(errors="replace")
+        except OSError as exc:
+            return f"(backend log unreadable: {exc})"
 
     def requests_total(self) -> float:
         """Inference calls the backend has answered (from its own /metrics)."""
@@ -53,7 +67,9 @@ def start_backend(models_dir: Path, *, zone: str = "local", region: str = "local
            "--zone", zone, "--region", region, *extra]
     # Its log goes to a file, not a pipe: a pipe nobody reads fills up with access lines after a
     # few hundred requests and then blocks the backend (and its shutdown) on its next log line.
-    with tempfile.TemporaryFile() as log:
+    # The file is kept until the run ends, so that a failing test can show what the backend said.
+    with tempfile.NamedTemporaryFile(prefix="backend-log-", suffix=".log", delete=False) as log:
+        atexit.register(_remove, log.name)
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
         url = f"http://127.0.0.1:{port}"
         try:
@@ -61,7 +77,25 @@ def start_backend(models_dir: Path, *, zone: str = "local", region: str = "local
         except RuntimeError as exc:
             log.seek(0)
             raise RuntimeError(f"{exc}{log.read().decode(errors='replace')[-2000:]}") from None
-    return BackendProc(url, port, proc)
+    return BackendProc(url, port, proc, log.name)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failing test that used a real backend gets the tail of that backend's log in its
+    report (a 5xx from the backend otherwise shows only as the gateway's "upstream error")."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "call" or not report.failed:
+        return
+    for name, value in getattr(item, "funcargs", {}).items():
+        if isinstance(value, BackendProc) and value.log_path is not None:
+            report.sections.append((f"{name}: backend log (tail)", value.log_tail()))
 
 
 def wait_ready(proc: subprocess.Popen[bytes], url: str, *, timeout_s: float, what: str) -> None:
