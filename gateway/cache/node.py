@@ -319,12 +319,8 @@ class NodeCache(NodeWriter):
         self._unreported -= writes
         if failed:
             self._observer.cache_errors("node", failed)
-        self._observer.cache_stored("node", stored)
-        self._observer.cache_evictions("node", evicted)
-        if rejected:
-            self._observer.cache_evictions("node", rejected, "rejected")
-        if used >= 0:
-            self._observer.cache_bytes("node", used)
+        if used >= 0:  # a transaction went through: counted as ``_run`` counts one
+            self._report(WriteResult(stored, evicted, 0, used, rejected))
         if self._unreported <= 0:
             self._unreported = 0
             idle, self._idle = self._idle, []
