@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import re
 import subprocess
 import sys
 import tempfile
@@ -285,6 +286,31 @@ REFUSED_SETTINGS: dict[str, object] = {
 }
 
 
+def hold_calls(client: Client, port: int, wait_s: float = 600.0,
+               ) -> list[http.client.HTTPConnection]:
+    """The ``refused`` case's two held calls to the gateway on ``port`` (its settings:
+    ``REFUSED_SETTINGS``, a backend that never answers): one in the only slot, one queued
+    behind it. Returns their connections (closing them ends the calls) once ``client`` reads
+    the second one queued in the gateway's metrics (``wait_s`` at most: under callgrind a
+    scrape is slow)."""
+    held: list[http.client.HTTPConnection] = []
+    for i in range(2):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        conn.request("POST", "/v1/embeddings", body=embeddings_body(f"held call {i}"),
+                     headers={"Content-Type": "application/json",
+                              "X-Request-Timeout-Ms": str(_HOLD_MS)})
+        held.append(conn)
+    give_up = time.monotonic() + wait_s
+    while time.monotonic() < give_up:
+        if re.search(rb'gateway_queue_depth\{class="interactive",tier="[^"]+"\} 1\.0',
+                     client.get("/metrics")):
+            return held
+        time.sleep(0.05)
+    for conn in held:
+        conn.close()
+    raise RuntimeError("the second held call never queued")
+
+
 def refused_case(src: Path | None, warmup: int, requests: int) -> float:
     """Instructions per request refused at once (the ``refused`` case, module docstring)."""
     with services.slow_backend(cores=None, slots=1, service_ms=_HOLD_MS) as backend:
@@ -294,16 +320,8 @@ def refused_case(src: Path | None, warmup: int, requests: int) -> float:
                                     src=src, prefix=prefix, ready_timeout_s=600.0)
 
         with under_callgrind(start) as counted:
-            port = counted.server.port
-            held: list[http.client.HTTPConnection] = []
-            for i in range(2):  # one call in the slot, one waiting behind it
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-                conn.request("POST", "/v1/embeddings", body=embeddings_body(f"held call {i}"),
-                             headers={"Content-Type": "application/json",
-                                      "X-Request-Timeout-Ms": str(_HOLD_MS)})
-                held.append(conn)
-                time.sleep(2.0)  # reaches its slot / the queue before the next one
-            client = Client(port)
+            client = Client(counted.server.port)
+            held = hold_calls(client, counted.server.port)
 
             def send(i: int) -> None:
                 s, _, body = client.post("/v1/embeddings",

@@ -3,11 +3,9 @@ bench: too slow for the suite)."""
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -100,23 +98,9 @@ def _refusals(backend: services.Server) -> str:
     backend is stopped before the gateway, so the held calls end and the gateway stops at
     once)."""
     with services.gateway(backend.url, cores=None, settings=cpu.REFUSED_SETTINGS) as gateway:
-        held = []
-        for i in range(2):
-            conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=60)
-            conn.request("POST", "/v1/embeddings", body=cpu.embeddings_body(f"held call {i}"),
-                         headers={"Content-Type": "application/json",
-                                  "X-Request-Timeout-Ms": str(cpu._HOLD_MS)})
-            held.append(conn)
         client = cpu.Client(gateway.port)
+        held = cpu.hold_calls(client, gateway.port, wait_s=5.0)  # in the slot, and queued
         try:
-            for _ in range(100):  # both held calls in: one in the slot, one queued
-                metrics = client.get("/metrics").decode()
-                if re.search(r'gateway_queue_depth\{class="interactive",tier="[^"]+"\} 1\.0',
-                             metrics):
-                    break
-                time.sleep(0.05)
-            else:
-                raise AssertionError("the second held call never queued")
             for i in range(3):
                 status, headers, body = client.post(
                     "/v1/embeddings", cpu.embeddings_body(f"a refused sentence {i}"))
