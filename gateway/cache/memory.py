@@ -17,9 +17,11 @@ When the whole is over a bound, the keys pushed out of the window (candidates) a
 oldest first, against probation's least recent key (the victim) by how often each was asked
 lately (a count-min sketch of every lookup, ``sketch.py``): the less asked goes, ties to the
 victim. A scan of one-off texts thus passes through the window and out, and the keys everybody
-repeats stay. Replacing a stored key (a refresh, stale-while-revalidate) keeps its place and
-always passes; an expired entry met as candidate or victim simply goes. Scope is in the key,
-so every tenant's keys are counted and weighed apart.
+repeats stay. How long the sketch remembers (its halving period: 40 or 320 lookups per entry)
+is chosen by replaying the lookups through two key-only miniatures of this cache, one per
+period (``miniature.py``). Replacing a stored key (a refresh, stale-while-revalidate) keeps
+its place and always passes; an expired entry met as candidate or victim simply goes. Scope is
+in the key, so every tenant's keys are counted and weighed apart.
 
 Expired entries are otherwise dropped lazily: when looked up past their ``expires_at``, when
 weighed, or by ``sweep``. Everything runs on the event loop thread, so the sync
@@ -34,8 +36,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
+import numpy as np
+
 from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey, scope_tag
+from gateway.cache.miniature import PeriodChooser
 from gateway.cache.settings import CacheSettings
 from gateway.cache.sketch import FrequencySketch
 
@@ -90,10 +95,9 @@ class MemoryCache:
 
     def __init__(
         self, max_entries: int, max_bytes: int, clock: Callable[[], float] = time.time,
-        *, admission: bool = False,
+        *, admission: bool = False, sample: int | None = None, miniatures: bool = True,
     ) -> None:
         # Bounds are CacheSettings' to check (settings section ``cache``).
-        self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.clock = clock
         # Without admission only protected is used, as the one LRU.
@@ -108,16 +112,53 @@ class MemoryCache:
         self.evictions = 0
         self.expirations = 0
         self.rejections = 0
-        window = int(max_entries * WINDOW) if admission else 0
-        self._window_entries = window
-        self._window_max_bytes = int(max_bytes * WINDOW_BYTES) if window else 0
-        self._protected_entries = int((max_entries - window) * PROTECTED) if admission else 0
-        self._protected_max_bytes = int((max_bytes - self._window_max_bytes) * PROTECTED)
+        self._admission = admission
+        self._bound(max_entries)
         # Sized for the entries the cache can hold: a byte bound may allow far fewer.
         held = min(max_entries, max(64, max_bytes // TYPICAL_ENTRY))
-        self._sketch = FrequencySketch(held, width_factor=SKETCH_WIDTH) if admission else None
+        self._held = held
+        self._sketch = (FrequencySketch(held, sample=sample, width_factor=SKETCH_WIDTH)
+                        if admission else None)
         self._pending: list[CacheKey] | None = [] if admission else None
         self._batch = self._sketch.batch if self._sketch is not None else 0
+        # The sketch's halving period, chosen by miniature copies of this cache (miniature.py).
+        self._chooser = (PeriodChooser(held, self._miniature)
+                         if admission and miniatures else None)
+        if self._chooser is not None and self._sketch is not None:
+            self._sketch.sample = self._chooser.period * held
+
+    def _bound(self, max_entries: int) -> None:
+        """Set the entry bound and the segments' shares of both bounds."""
+        self.max_entries = max_entries
+        window = int(max_entries * WINDOW) if self._admission else 0
+        self._window_entries = window
+        self._window_max_bytes = int(self.max_bytes * WINDOW_BYTES) if window else 0
+        self._protected_entries = (int((max_entries - window) * PROTECTED)
+                                   if self._admission else 0)
+        self._protected_max_bytes = int((self.max_bytes - self._window_max_bytes) * PROTECTED)
+
+    def resize(self, max_entries: int) -> None:
+        """A new entry bound (a miniature follows what its cache holds); entries over it go at
+        the next store."""
+        self._bound(max_entries)
+
+    def _miniature(self, entries: int, sample: int) -> MemoryCache:
+        """A key-only copy of this cache: ``entries`` bound it (never its bytes), its sketch
+        halves every ``sample`` of the lookups it sees."""
+        return MemoryCache(entries, 1 << 62, self.clock, admission=True, sample=sample,
+                           miniatures=False)
+
+    def _holds(self) -> int:
+        """The entries this cache holds when full: its entry bound, or what its byte bound
+        lets it hold of the answers it stores (once the bytes are nearly all used)."""
+        if self._bytes >= self.max_bytes * 0.9 and len(self) < self.max_entries:
+            return len(self)
+        return self._held
+
+    @property
+    def period(self) -> int:
+        """The sketch's halving period now, lookups per entry (0 without admission)."""
+        return self._sketch.sample // self._held if self._sketch is not None else 0
 
     @classmethod
     def from_settings(
@@ -311,8 +352,19 @@ class MemoryCache:
             self.evictions += 1
 
     def _flush_counts(self, pending: list[CacheKey]) -> None:
-        if self._sketch is not None:
-            self._sketch.flush(pending, hashed=False)
+        sketch, chooser = self._sketch, self._chooser
+        if sketch is None:
+            return
+        if chooser is None:
+            sketch.flush(pending, hashed=False)
+            return
+        h = np.fromiter(map(hash, pending), dtype=np.int64, count=len(pending)).view(np.uint64)
+        period = chooser.observe(pending, h)
+        pending.clear()
+        sketch.count(h)
+        if period is not None:
+            sketch.sample = period * self._held
+            chooser.resize(self._holds())
 
     def delete(self, key: CacheKey) -> bool:
         seg = self._segment_of(key)

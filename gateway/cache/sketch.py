@@ -39,6 +39,7 @@ MAX_COUNT = 255
 ROWS = 4
 #: Lookups between two halvings, per entry of the cache (10: 0.62 / 0.79 of the oracle on
 #: Zipf 0.6 at 1% / 5%, 20: 0.72 / 0.84, 40: 0.77 / 0.85; shift-0.8 at 5%: 1.05, 0.97, 0.88).
+#: The node tier's; the L1 chooses between 40 and 320 as its traffic shows (``miniature.py``).
 SAMPLE_FACTOR = 40
 #: Counters per row, per entry of the cache: fewer collisions between the keys of one period.
 #: The node tier's default; the L1 asks for ``memory.SKETCH_WIDTH`` (16: a period of 40 lookups
@@ -115,6 +116,12 @@ class FrequencySketch:
         source = batch if hashed else map(hash, batch)
         h = np.fromiter(source, dtype=np.int64, count=n).view(np.uint64)
         batch.clear()
+        self.count(h)
+
+    def count(self, h: Any) -> None:
+        """Count the lookups of these hashes (a ``uint64`` array) in one vectorised pass; then
+        age if a period has passed."""
+        n = len(h)
         mask = np.uint64(self.mask)
         door = self._door
         d = ((h >> _DOOR_SHIFT) & mask).astype(np.intp)
