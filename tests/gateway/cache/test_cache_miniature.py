@@ -81,15 +81,17 @@ def test_a_large_cache_replays_a_fixed_sample_of_its_keys() -> None:
         return made[-1]
 
     chooser = PeriodChooser(100_000, make)
-    assert chooser.rate == 64
-    assert made[0].max_entries == 100_000 // 64 <= miniature.MINIATURE_ENTRIES
-    assert made[0].sample == miniature.PERIODS[0] * 100_000 // 64
-    keys = [key(i) for i in range(64_000)]
+    rate = chooser.rate
+    assert rate > 1 and rate & (rate - 1) == 0  # a power of two
+    assert made[0].max_entries == 100_000 // rate <= miniature.MINIATURE_ENTRIES
+    assert 100_000 // (rate // 2) > miniature.MINIATURE_ENTRIES  # the least sample that fits
+    assert made[0].sample == miniature.PERIODS[0] * 100_000 // rate
+    keys = [key(i) for i in range(1_000 * rate)]
     for start in range(0, len(keys), 256):
         chunk = keys[start:start + 256]
         chooser.observe(chunk, hashes(chunk))
     first = list(made[0].asked)
-    assert 800 <= len(first) <= 1200  # ~1 in 64
+    assert 850 <= len(first) <= 1150  # ~1 in rate
     # A key is in the sample or not, whatever batch it comes in: every lookup of it is seen.
     made[0].asked.clear()
     chooser.observe(keys[::-1], hashes(keys[::-1]))
@@ -103,12 +105,13 @@ def test_the_miniatures_follow_what_the_cache_holds() -> None:
         made.append(Fake(entries, sample))
         return made[-1]
 
-    chooser = PeriodChooser(1_000, make)
-    chooser.resize(950)  # within a tenth: left as they are
+    chooser = PeriodChooser(500, make)
+    assert chooser.rate == 1
+    chooser.resize(460)  # within a tenth: left as they are
     assert made[0].resized == made[1].resized == []
-    chooser.resize(300)
-    assert made[0].resized == made[1].resized == [300]
-    assert made[0].sample == miniature.PERIODS[0] * 1_000  # the period stays the cache's
+    chooser.resize(150)
+    assert made[0].resized == made[1].resized == [150]
+    assert made[0].sample == miniature.PERIODS[0] * 500  # the period stays the cache's
 
 
 def test_a_cache_bounded_by_bytes_holds_what_its_bytes_allow() -> None:
