@@ -50,6 +50,7 @@ class TieredCache:
         self._pending: set[asyncio.Task[None]] = set()
         self._l2_lookup = LookupCoalescer(l2).lookup if l2 is not None else None
         self._l1_reported = (l1.evictions, l1.expirations, l1.rejections)
+        self._l1_period = 0  # the sketch's period last told (0: not yet)
         #: The trace recorder when ``cache.trace`` is on (set by the app).
         self.recorder: TraceRecorder | None = None
 
@@ -145,7 +146,8 @@ class TieredCache:
 
     def _report_l1(self) -> None:
         """L1's evictions by reason since the last report (L1 counts them on the hot path;
-        they reach the observer here, after stores, where they happen)."""
+        they reach the observer here, after stores, where they happen), and its sketch's
+        period when it changed (its miniatures choose it as lookups are counted)."""
         l1 = self.l1
         now = (l1.evictions, l1.expirations, l1.rejections)
         last = self._l1_reported
@@ -154,6 +156,10 @@ class TieredCache:
             for reason, n, m in zip(("capacity", "expired", "rejected"), now, last, strict=True):
                 if n > m:
                     self._observer.cache_evictions("l1", n - m, reason)
+        period = l1.period
+        if period != self._l1_period:
+            self._l1_period = period
+            self._observer.cache_sketch_period("l1", period)
 
     async def set_many(
         self, items: Sequence[tuple[CacheKey, Entry]], *, background: bool = False

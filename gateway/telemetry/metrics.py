@@ -99,6 +99,13 @@ class GatewayMetrics:
             "gateway_cache_bytes", "Bytes a cache tier holds (node: pages of both generations).",
             ["tier"], registry=reg, multiprocess_mode="mostrecent",
         )
+        # Each worker's L1 chooses its own (gateway/cache/miniature.py): the longest is shown.
+        self.cache_sketch_period = Gauge(
+            "gateway_cache_sketch_period",
+            "Lookups per entry between two halvings of a cache tier's frequency sketch (l1: "
+            "the period its miniatures chose, 40 or 320).",
+            ["tier"], registry=reg, multiprocess_mode="max",
+        )
         self.cache_evictions = Counter(
             "gateway_cache_evictions_total",
             "Entries a cache tier dropped or kept out, by reason: capacity (to stay in its "

@@ -124,6 +124,9 @@ class Observer(Protocol):
     def cache_bytes(self, tier: str, n: int) -> None:
         """Bytes one tier holds now (the node tier: its pages, after a write)."""
 
+    def cache_sketch_period(self, tier: str, lookups_per_entry: int) -> None:
+        """How long one tier's frequency sketch remembers now (it changed, or is first told)."""
+
     def on_flush(self, collect: Callable[[], None]) -> Callable[[], None]:
         """Have ``collect`` called on the loop before every hand-over of the batched counts
         (every flush interval, and before a scrape renders): a thread's own tallies (the node
@@ -265,6 +268,9 @@ class NullObserver:
         pass
 
     def cache_bytes(self, tier: str, n: int) -> None:
+        pass
+
+    def cache_sketch_period(self, tier: str, lookups_per_entry: int) -> None:
         pass
 
     def on_flush(self, collect: Callable[[], None]) -> Callable[[], None]:

@@ -146,6 +146,9 @@ class MetricsObserver:
     def cache_bytes(self, tier: str, n: int) -> None:
         self.metrics.child(self.metrics.cache_bytes, tier).set(n)
 
+    def cache_sketch_period(self, tier: str, lookups_per_entry: int) -> None:
+        self.metrics.child(self.metrics.cache_sketch_period, tier).set(lookups_per_entry)
+
     def on_flush(self, collect: Callable[[], None]) -> Callable[[], None]:
         return self.tally.before_flush(collect)
 

@@ -9,6 +9,8 @@ from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey, derive_key
 from gateway.cache.memory import MemoryCache
 from gateway.cache.miniature import PeriodChooser
+from gateway.cache.tiered import TieredCache
+from gateway.telemetry.observer import NullObserver
 
 NOW = 1_000_000.0
 
@@ -169,3 +171,29 @@ def test_the_l1_takes_the_long_period_when_popularity_holds_and_the_short_one_wh
     got, stale = _replay(chosen, shifting), _replay(long, shifting)
     assert chosen.period == 40
     assert got > stale * 1.02
+
+
+class Periods(NullObserver):
+    def __init__(self) -> None:
+        self.told: list[tuple[str, int]] = []
+
+    def cache_sketch_period(self, tier: str, lookups_per_entry: int) -> None:
+        self.told.append((tier, lookups_per_entry))
+
+
+async def test_the_tiered_cache_tells_the_metrics_the_period_the_l1_took() -> None:
+    told = Periods()
+    l1 = MemoryCache(100, 1 << 40, clock=lambda: NOW, admission=True)
+    cache = TieredCache(l1, None, observer=told)
+    keys = [key(i) for i in range(5_000)]
+    trace = _zipf(np.random.default_rng(27), 0.6, 60_000, 5_000).tolist()
+    for k in trace:
+        [(found, _)] = await cache.get_many([keys[k]])
+        if found is None:
+            await cache.set_many([(keys[k], Entry(b"x", NOW, 1e9))])
+    # Told once at the first store, once when the miniatures chose the long period.
+    assert told.told == [("l1", 40), ("l1", 320)]
+    plain = Periods()  # an LRU has no sketch: nothing to tell
+    lru = TieredCache(MemoryCache(100, 1 << 40, clock=lambda: NOW), None, observer=plain)
+    await lru.set_many([(keys[0], Entry(b"x", NOW, 1e9))])
+    assert plain.told == []
