@@ -113,7 +113,7 @@ class MemoryCache:
         self.expirations = 0
         self.rejections = 0
         self._admission = admission
-        self._bound(max_entries)
+        self.resize(max_entries)
         # Sized for the entries the cache can hold: a byte bound may allow far fewer.
         held = min(max_entries, max(64, max_bytes // TYPICAL_ENTRY))
         self._held = held
@@ -127,8 +127,9 @@ class MemoryCache:
         if self._chooser is not None and self._sketch is not None:
             self._sketch.sample = self._chooser.period * held
 
-    def _bound(self, max_entries: int) -> None:
-        """Set the entry bound and the segments' shares of both bounds."""
+    def resize(self, max_entries: int) -> None:
+        """Set the entry bound and the segments' shares of both bounds (a miniature follows
+        what its cache holds this way); entries over a lower bound go at the next store."""
         self.max_entries = max_entries
         window = int(max_entries * WINDOW) if self._admission else 0
         self._window_entries = window
@@ -136,11 +137,6 @@ class MemoryCache:
         self._protected_entries = (int((max_entries - window) * PROTECTED)
                                    if self._admission else 0)
         self._protected_max_bytes = int((self.max_bytes - self._window_max_bytes) * PROTECTED)
-
-    def resize(self, max_entries: int) -> None:
-        """A new entry bound (a miniature follows what its cache holds); entries over it go at
-        the next store."""
-        self._bound(max_entries)
 
     def _miniature(self, entries: int, sample: int) -> MemoryCache:
         """A key-only copy of this cache: ``entries`` bound it (never its bytes), its sketch

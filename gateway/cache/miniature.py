@@ -18,8 +18,8 @@ Miniature Simulations", USENIX ATC 2017), and takes the period of the one that h
   (spatial sampling: every lookup of a sampled key, none of the others), so it faces the same
   popularity at the same scale as the L1;
 - every ``EPOCH`` sampled lookups per miniature entry the hits of each are added to its score
-  (the previous score weighed ``DECAY``), and the L1's sketch takes the best one's period
-  (a tie keeps the current one).
+  (the previous score weighed ``DECAY``), and the L1's sketch takes the best one's period if
+  it beat the period in use by more than ``MARGIN`` (two that do about as well do not flap).
 
 Comparing two policies on the same requests is far less noisy than comparing one cache's hit
 ratio from one stretch of time to the next (a hill-climber on the period was tried and could
