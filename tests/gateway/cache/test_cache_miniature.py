@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from gateway.cache import miniature
@@ -46,13 +48,19 @@ class Fake:
         self.resized.append(max_entries)
 
 
-def test_the_chooser_takes_the_period_whose_miniature_hit_more_by_a_margin() -> None:
+def fakes() -> tuple[list[Fake], Callable[[int, int], Fake]]:
+    """The miniatures a chooser makes, and the factory it makes them with."""
     made: list[Fake] = []
 
     def make(entries: int, sample: int) -> Fake:
         made.append(Fake(entries, sample))
         return made[-1]
 
+    return made, make
+
+
+def test_the_chooser_takes_the_period_whose_miniature_hit_more_by_a_margin() -> None:
+    made, make = fakes()
     chooser = PeriodChooser(100, make, periods=(40, 320))
     short, long = made
     # Each miniature halves at its period x the cache's entries (rate 1: every lookup seen).
@@ -76,12 +84,7 @@ def test_the_chooser_takes_the_period_whose_miniature_hit_more_by_a_margin() -> 
 
 
 def test_a_large_cache_replays_a_fixed_sample_of_its_keys() -> None:
-    made: list[Fake] = []
-
-    def make(entries: int, sample: int) -> Fake:
-        made.append(Fake(entries, sample))
-        return made[-1]
-
+    made, make = fakes()
     chooser = PeriodChooser(100_000, make)
     rate = chooser.rate
     assert rate > 1 and rate & (rate - 1) == 0  # a power of two
@@ -101,12 +104,7 @@ def test_a_large_cache_replays_a_fixed_sample_of_its_keys() -> None:
 
 
 def test_the_miniatures_follow_what_the_cache_holds() -> None:
-    made: list[Fake] = []
-
-    def make(entries: int, sample: int) -> Fake:
-        made.append(Fake(entries, sample))
-        return made[-1]
-
+    made, make = fakes()
     chooser = PeriodChooser(500, make)
     assert chooser.rate == 1
     chooser.resize(460)  # within a tenth: left as they are
