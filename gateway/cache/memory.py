@@ -117,15 +117,15 @@ class MemoryCache:
         # Sized for the entries the cache can hold: a byte bound may allow far fewer.
         held = min(max_entries, max(64, max_bytes // TYPICAL_ENTRY))
         self._held = held
+        # The sketch's halving period, chosen by miniature copies of this cache (miniature.py).
+        self._chooser = (PeriodChooser(held, self._miniature)
+                         if admission and miniatures else None)
+        if self._chooser is not None:
+            sample = self._chooser.period * held
         self._sketch = (FrequencySketch(held, sample=sample, width_factor=SKETCH_WIDTH)
                         if admission else None)
         self._pending: list[CacheKey] | None = [] if admission else None
         self._batch = self._sketch.batch if self._sketch is not None else 0
-        # The sketch's halving period, chosen by miniature copies of this cache (miniature.py).
-        self._chooser = (PeriodChooser(held, self._miniature)
-                         if admission and miniatures else None)
-        if self._chooser is not None and self._sketch is not None:
-            self._sketch.sample = self._chooser.period * held
 
     def resize(self, max_entries: int) -> None:
         """Set the entry bound and the segments' shares of both bounds (a miniature follows
