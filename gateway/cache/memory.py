@@ -36,13 +36,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
-import numpy as np
-
 from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey, scope_tag
 from gateway.cache.miniature import PeriodChooser
 from gateway.cache.settings import CacheSettings
-from gateway.cache.sketch import FrequencySketch
+from gateway.cache.sketch import FrequencySketch, hashes_of
 
 #: Rough per-entry cost beyond the value and meta bytes (key, Entry object, dict node), so that
 #: many tiny entries still count against ``max_bytes``.
@@ -354,7 +352,7 @@ class MemoryCache:
         if chooser is None:
             sketch.flush(pending, hashed=False)
             return
-        h = np.fromiter(map(hash, pending), dtype=np.int64, count=len(pending)).view(np.uint64)
+        h = hashes_of(pending)
         period = chooser.observe(pending, h)
         pending.clear()
         sketch.count(h)

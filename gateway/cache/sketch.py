@@ -26,7 +26,7 @@ masked to the width; the doorkeeper reads bits 24 upwards.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,11 @@ def table_width(entries: int, factor: int = WIDTH_FACTOR) -> int:
     while width < entries * factor:
         width <<= 1
     return width
+
+
+def hashes_of(keys: Sequence[Any]) -> Any:
+    """Each key's ``hash()``, as the ``uint64`` array ``FrequencySketch.count`` takes."""
+    return np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys)).view(np.uint64)
 
 
 def buffer_size(width: int) -> int:
@@ -113,8 +118,8 @@ class FrequencySketch:
         n = len(batch)
         if not n:
             return
-        source = batch if hashed else map(hash, batch)
-        h = np.fromiter(source, dtype=np.int64, count=n).view(np.uint64)
+        h = (np.fromiter(batch, dtype=np.int64, count=n).view(np.uint64) if hashed
+             else hashes_of(batch))
         batch.clear()
         self.count(h)
 

@@ -11,6 +11,7 @@ from gateway.cache.entry import Entry
 from gateway.cache.keys import CacheKey, derive_key
 from gateway.cache.memory import MemoryCache
 from gateway.cache.miniature import PeriodChooser
+from gateway.cache.sketch import hashes_of
 from gateway.cache.tiered import TieredCache
 from gateway.telemetry.observer import NullObserver
 
@@ -20,10 +21,6 @@ NOW = 1_000_000.0
 def key(i: int) -> CacheKey:
     return derive_key(route="/v1/embeddings", model="minilm", model_version="1",
                       scope="tenant-a", normalization="n1", canonical=f"text {i}".encode())
-
-
-def hashes(keys: list[CacheKey]) -> np.ndarray:
-    return np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys)).view(np.uint64)
 
 
 class Fake:
@@ -67,19 +64,19 @@ def test_the_chooser_takes_the_period_whose_miniature_hit_more_by_a_margin() -> 
     assert (short.max_entries, short.sample, long.sample) == (100, 4_000, 32_000)
     assert chooser.period == 40 and chooser.epoch == miniature.EPOCH * 100
     batch = [key(i) for i in range(chooser.epoch)]
-    assert chooser.observe(batch[:-1], hashes(batch[:-1])) is None  # the epoch is not over
+    assert chooser.observe(batch[:-1], hashes_of(batch[:-1])) is None  # the epoch is not over
     assert short.asked == batch[:-1] == long.asked
     short.hits, long.hits = 1000, 1020  # 2% more: inside the margin, no flapping
-    assert chooser.observe(batch[-1:], hashes(batch[-1:])) == 40
+    assert chooser.observe(batch[-1:], hashes_of(batch[-1:])) == 40
     assert short.hits == long.hits == 0  # each epoch counts afresh
     short.hits, long.hits = 1000, 1200  # scores 1500 vs 1710: past the margin
-    assert chooser.observe(batch, hashes(batch)) == 320
+    assert chooser.observe(batch, hashes_of(batch)) == 320
     assert chooser.switches == 1
     # The earlier epochs weigh DECAY each: the short one wins back only once its hits show.
     short.hits, long.hits = 1100, 1000
-    assert chooser.observe(batch, hashes(batch)) == 320  # 1850 vs 1855
+    assert chooser.observe(batch, hashes_of(batch)) == 320  # 1850 vs 1855
     short.hits, long.hits = 1200, 900
-    assert chooser.observe(batch, hashes(batch)) == 40  # 2125 vs 1827.5
+    assert chooser.observe(batch, hashes_of(batch)) == 40  # 2125 vs 1827.5
     assert chooser.switches == 2
 
 
@@ -94,12 +91,12 @@ def test_a_large_cache_replays_a_fixed_sample_of_its_keys() -> None:
     keys = [key(i) for i in range(1_000 * rate)]
     for start in range(0, len(keys), 256):
         chunk = keys[start:start + 256]
-        chooser.observe(chunk, hashes(chunk))
+        chooser.observe(chunk, hashes_of(chunk))
     first = list(made[0].asked)
     assert 850 <= len(first) <= 1150  # ~1 in rate
     # A key is in the sample or not, whatever batch it comes in: every lookup of it is seen.
     made[0].asked.clear()
-    chooser.observe(keys[::-1], hashes(keys[::-1]))
+    chooser.observe(keys[::-1], hashes_of(keys[::-1]))
     assert sorted(made[0].asked, key=hash) == sorted(first, key=hash)
 
 
