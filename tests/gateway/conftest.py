@@ -40,14 +40,7 @@ class BackendProc:
     shows the tail in its report (``pytest_runtest_makereport`` below)."""
 
     def log_tail(self, size: int = 4000) -> str:
-        if self.log_path is None:
-            return ""
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(max(0, os.path.getsize(self.log_path) - size))
-                return log.read().decode(errors="replace")
-        except OSError as exc:
-            return f"(backend log unreadable: {exc})"
+        return "" if self.log_path is None else _tail(self.log_path, size)
 
     def requests_total(self) -> float:
         """Inference calls the backend has answered (from its own /metrics)."""
@@ -75,9 +68,18 @@ def start_backend(models_dir: Path, *, zone: str = "local", region: str = "local
         try:
             wait_ready(proc, f"{url}/v2/health/ready", timeout_s=120, what="backend")
         except RuntimeError as exc:
-            log.seek(0)
-            raise RuntimeError(f"{exc}{log.read().decode(errors='replace')[-2000:]}") from None
+            raise RuntimeError(f"{exc}{_tail(log.name, 2000)}") from None
     return BackendProc(url, port, proc, log.name)
+
+
+def _tail(path: str, size: int) -> str:
+    """The last ``size`` bytes of a log file, as text."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, os.path.getsize(path) - size))
+            return log.read().decode(errors="replace")
+    except OSError as exc:
+        return f"(backend log unreadable: {exc})"
 
 
 def _remove(path: str) -> None:
