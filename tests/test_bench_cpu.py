@@ -4,13 +4,14 @@ bench: too slow for the suite)."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 from pathlib import Path
 
 import pytest
+from prometheus_client.samples import Sample as MetricSample
 
 from bench import cpu, services
+from bench.gateway_probe import metric_samples
 
 # A dump as callgrind writes it with --dump-instr=no --collect-jumps=no: name compression,
 # relative positions, a call whose inclusive cost must not count as the caller's own.
@@ -84,16 +85,16 @@ def test_the_refused_case_is_a_refusal_judged_before_the_policy_and_lookups() ->
         metrics = _refusals(backend)
     finally:
         backend.stop()
-    decisions = sum(float(v) for v in re.findall(
-        r'^gateway_policy_decisions_total\{[^}]*\} (\S+)$', metrics, re.M))
+    decisions = sum(s.value for s in metrics if s.name == "gateway_policy_decisions_total")
     assert decisions == 2.0  # the held calls only
-    assert re.search(r'^gateway_shed_total\{reason="queue_full"\} 3\.0$', metrics, re.M)
-    lookups = sum(float(v) for v in re.findall(
-        r'^gateway_cache_lookups_total\{[^}]*tier="l1"[^}]*\} (\S+)$', metrics, re.M))
+    shed = {s.labels["reason"]: s.value for s in metrics if s.name == "gateway_shed_total"}
+    assert shed.get("queue_full") == 3.0
+    lookups = sum(s.value for s in metrics
+                  if s.name == "gateway_cache_lookups_total" and s.labels["tier"] == "l1")
     assert lookups == 2.0  # the held calls' texts only
 
 
-def _refusals(backend: services.Server) -> str:
+def _refusals(backend: services.Server) -> list[MetricSample]:
     """Three refused requests behind two held calls; the gateway's /metrics after them (the
     backend is stopped before the gateway, so the held calls end and the gateway stops at
     once)."""
@@ -105,7 +106,9 @@ def _refusals(backend: services.Server) -> str:
                 status, headers, body = client.post(
                     "/v1/embeddings", cpu.embeddings_body(f"a refused sentence {i}"))
                 assert status == 503 and b"queue" in body and "retry-after" in headers
-            return client.get("/metrics").decode()
+            return metric_samples(gateway.url, {
+                "gateway_policy_decisions_total", "gateway_shed_total",
+                "gateway_cache_lookups_total"})
         finally:
             client.close()
             for conn in held:
