@@ -9,7 +9,10 @@ Pure: no event loop, no threads, no clock of its own; every call that needs the 
   has been served least, counted in tokens or texts (VTC, "Fairness in Serving Large Language
   Models", OSDI'24). A key that starts waiting is lifted to the least count of those already
   waiting, so an idle spell earns no credit to burst with later; counts are kept only for
-  waiting keys, so memory follows the queue, not the number of keys ever seen.
+  waiting keys, so memory follows the queue, not the number of keys ever seen. Between keys
+  at the same count, the one with fewer tokens waiting goes first (then the older item): a
+  quiet key just lifted to a flood's count is served next, not after one more of the flood's
+  items, which in batches of one (short texts on a CPU) was a whole batch more to wait.
 - Deadlines: every request has one. ``expired(now)`` hands back those past it; ``take`` drops
   a request that could not finish even alone, and stops a batch before the item whose cost
   would carry the batch past the tightest deadline in it, or past the compute bound (what the
@@ -91,7 +94,7 @@ class FairLevel:
     def head(self, exclude: frozenset[str] = frozenset()) -> Slot | None:
         """The next item fairness picks (not removed), from a key not in ``exclude``."""
         best: Slot | None = None
-        best_rank = (0.0, 0)
+        best_rank = (0.0, 0, 0)
         for key in list(self._fifos):
             fifo = self._fifos[key]
             while fifo and fifo[0].req.closed:
@@ -101,7 +104,7 @@ class FairLevel:
                 continue
             if key in exclude:
                 continue
-            rank = (self._count[key], fifo[0].seq)
+            rank = (self._count[key], self._tokens[key], fifo[0].seq)
             if best is None or rank < best_rank:
                 best, best_rank = fifo[0], rank
         return best

@@ -62,8 +62,37 @@ def test_a_flooding_key_does_not_delay_a_quiet_one_behind_its_whole_backlog() ->
     feed.push("b0", key="B")
     feed.push("b1", key="B")
     first = names(queue.take(0.0, 4, CostModel())[0])
-    # B came after all 20 of A's but is served in the first batch, alternating with A.
-    assert first == ["a0", "b0", "a1", "b1"]
+    # B came after all 20 of A's but is served in the first batch, alternating with A (and
+    # first: level with A's count, it has less waiting).
+    assert first == ["b0", "a0", "b1", "a1"]
+
+
+def test_a_quiet_key_level_with_a_flood_goes_before_the_floods_next_item() -> None:
+    # Batches of one, as short texts on a CPU have them: the flood A keeps items waiting, the
+    # quiet B arrives while one of A's computes and is lifted to A's count. The tie goes to
+    # the key with fewer tokens waiting, so B's item is the next batch, not the one after.
+    queue = make_queue(levels=1)
+    feed = Feed(queue)
+    feed.push(*(f"a{i}" for i in range(6)), key="A")
+    assert names(queue.take(0.0, 1, CostModel())[0]) == ["a0"]  # computing; A counted 10
+    feed.push("b0", key="B")  # lifted to 10: level with A, 10 tokens waiting against 50
+    assert names(queue.take(0.0, 1, CostModel())[0]) == ["b0"]
+    assert names(queue.take(0.0, 1, CostModel())[0]) == ["a1"]
+    # The other way round: B waits level with A's count, and A's queue empties and refills
+    # (its items all taken): the refilled flood has more waiting, so B still goes first.
+    queue = make_queue(levels=1)
+    feed = Feed(queue)
+    feed.push("a0", key="A")
+    assert names(queue.take(0.0, 1, CostModel())[0]) == ["a0"]  # A's queue is empty
+    feed.push("b0", key="B")  # alone: count 0
+    feed.push("a1", "a2", "a3", key="A")  # returns, lifted to B's 0: level, more waiting
+    assert names(queue.take(0.0, 1, CostModel())[0]) == ["b0"]
+    # Equal counts and equal tokens waiting: the older item.
+    queue = make_queue(levels=1)
+    feed = Feed(queue)
+    feed.push("c0", key="C")
+    feed.push("d0", key="D")
+    assert names(queue.take(0.0, 2, CostModel())[0]) == ["c0", "d0"]
 
 
 def test_fairness_counts_tokens_not_requests() -> None:
@@ -75,8 +104,9 @@ def test_fairness_counts_tokens_not_requests() -> None:
     order = []
     while queue.depth:
         order += names(queue.take(0.0, 1, CostModel())[0])
-    # After one long text (100 tokens) S gets about 100 tokens' worth before L's next.
-    assert order == ["long1", "s0", "s1", "s2", "s3", "s4", "long2", "s5"]
+    # S first (level at 0, less waiting); after one long text (100 tokens) S gets about
+    # 100 tokens' worth before L's next.
+    assert order == ["s0", "long1", "s1", "s2", "s3", "s4", "s5", "long2"]
 
 
 def test_fairness_by_texts_alternates_whatever_the_lengths() -> None:
@@ -87,7 +117,7 @@ def test_fairness_by_texts_alternates_whatever_the_lengths() -> None:
     order = []
     while queue.depth:
         order += names(queue.take(0.0, 1, CostModel())[0])
-    assert order == ["long1", "s0", "long2", "s1"]
+    assert order == ["s0", "long1", "s1", "long2"]  # ties to the key with less waiting
 
 
 def test_a_key_that_was_idle_earns_no_credit() -> None:
@@ -95,7 +125,7 @@ def test_a_key_that_was_idle_earns_no_credit() -> None:
     feed = Feed(queue)
     feed.push(*(f"a{i}" for i in range(4)), key="A")
     feed.push("b0", key="B")
-    assert names(queue.take(0.0, 3, CostModel())[0]) == ["a0", "b0", "a1"]
+    assert names(queue.take(0.0, 3, CostModel())[0]) == ["b0", "a0", "a1"]
     # B returns after its queue emptied: it starts level with A, not ahead by what A used.
     feed.push("b1", "b2", "b3", key="B")
     order = []
@@ -287,9 +317,9 @@ def test_while_several_keys_send_batches_take_the_shared_bound() -> None:
     feed.push(*(f"a{i}" for i in range(20)), key="A", size=10)
     assert len(queue.take(0.0, 32, taught(0.001))[0]) == 3  # A alone: 3 x 10 ms <= 35 ms
     feed.push("b0", key="B", size=10, now=0.5)
-    # Two keys: 15 ms, one item of 10 each (A's older item first: B is lifted to A's count).
-    assert names(queue.take(0.5, 32, taught(0.001))[0]) == ["a3"]
-    assert names(queue.take(0.55, 32, taught(0.001))[0]) == ["b0"]
+    # Two keys: 15 ms, one item of 10 each (B first: lifted to A's count, less waiting).
+    assert names(queue.take(0.5, 32, taught(0.001))[0]) == ["b0"]
+    assert names(queue.take(0.55, 32, taught(0.001))[0]) == ["a3"]
     assert len(queue.take(0.6, 32, taught(0.001))[0]) == 1  # B sent 0.1 s ago: still shared
     assert queue.active_keys(1.4) == 1  # A pushed at 0 (forgotten), B at 0.5
     assert len(queue.take(1.6, 32, taught(0.001))[0]) == 3  # both quiet past the window
