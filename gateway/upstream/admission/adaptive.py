@@ -22,6 +22,14 @@ about what the backends can take (the same check as TCP's congestion-window vali
 7661); Envoy's filter lets it grow, so a quiet spell left the limit at its ceiling when a burst
 arrived, and the burst went to the backends' queues until a few windows brought it down.
 
+A rise also needs calls that ran at the limit as it is: at least half of the window's samples
+from calls granted since the last rise. A window is shorter than a call when the backend
+queues (17 calls at ~8 ms each on one core), so without this the fast answers of calls granted
+before a rise doubled the limit again before any call granted at the new one had finished:
+under a flood the limit went 5 -> 9 -> 17 -> 27 in 0.6 s, then took the backend's queue of 27
+calls to come down, and a quiet tenant's calls waited in the gateway behind them (TCP's slow
+start grows at most once per round trip for the same reason).
+
 Pure bookkeeping, no I/O, no timers: it advances as samples arrive, on the caller's clock.
 """
 
@@ -87,7 +95,9 @@ class GradientLimit:
         "_epoch",
         "_min_windows",
         "_next_probe",
+        "_fresh",
         "_peak",
+        "_raised_at",
         "_rng",
         "_samples",
         "_settings",
@@ -121,6 +131,8 @@ class GradientLimit:
         self._min_windows = 0
         self._stale_windows = 0
         self._peak = 0  # most calls in flight at once in this window
+        self._raised_at = -math.inf  # when the limit last rose
+        self._fresh = 0  # this window's samples from calls granted since then
 
     def granted(self, inflight: int = 0) -> int:
         """The epoch a call granted now belongs to; ``inflight`` counts the tier's calls in
@@ -140,6 +152,8 @@ class GradientLimit:
                 self._end_probe(now)
             return
         self._samples.append(latency_s)
+        if now - latency_s >= self._raised_at:
+            self._fresh += 1
         if now >= self._next_probe:
             self._start_probe()
         elif now >= self._window_end:
@@ -150,13 +164,17 @@ class GradientLimit:
         self.limit = self._settings.min_limit
         self.probing = True
         self._samples.clear()
+        self._fresh = 0
         self._epoch += 1
 
     def _end_probe(self, now: float) -> None:
         self.min_rtt_s = _percentile(self._samples, self._settings.percentile)
         self._samples.clear()
         self.probing = False
+        if self._deferred > self.limit:
+            self._raised_at = now  # the probe's calls ran at the floor
         self.limit = self._deferred
+        self._fresh = 0
         self._min_windows = 0
         self._epoch += 1
         self._window_end = now + self._settings.window_s
@@ -166,7 +184,9 @@ class GradientLimit:
     def _update(self, now: float) -> None:
         self._window_end = now + self._settings.window_s
         self.sample_rtt_s = _percentile(self._samples, self._settings.percentile)
+        samples, fresh = len(self._samples), self._fresh
         self._samples.clear()
+        self._fresh = 0
         if self.sample_rtt_s <= 0.0:
             return
         # Calls far faster than minRTT: it was measured on slower work (long texts, a slow
@@ -188,7 +208,12 @@ class GradientLimit:
         self._peak = 0
         if new > self.limit and not used:
             new = self.limit  # app-limited window: no evidence for a higher limit
-        self.limit = max(self._settings.min_limit, min(self.max_limit, new))
+        if new > self.limit and fresh * 2 < samples:
+            new = self.limit  # answers of calls granted before the last rise: not yet evidence
+        new = max(self._settings.min_limit, min(self.max_limit, new))
+        if new > self.limit:
+            self._raised_at = now
+        self.limit = new
         if self.limit == self._settings.min_limit:
             self._min_windows += 1
             if self._min_windows >= _MIN_WINDOWS_BEFORE_PROBE:

@@ -115,6 +115,43 @@ def test_does_not_grow_on_a_limit_the_traffic_never_used() -> None:
     assert windows(limit, clock, 0.080, 1, inflight=1)[0] < 20  # falling needs no such proof
 
 
+def answer(limit: GradientLimit, clock: Clock, at_s: float, latency_s: float) -> None:
+    """One call answered at ``at_s`` after the clock's start, ``latency_s`` after its grant."""
+    clock.now = 1000.0 + at_s
+    limit.observe(latency_s, limit.granted(limit.limit))
+
+
+def test_a_rise_waits_for_answers_of_calls_granted_at_the_new_limit() -> None:
+    # Under a flood the backend queues calls longer than a window: fast answers of calls
+    # granted before a rise must not raise the limit again before calls granted at the new
+    # limit have answered (the limit went 5 -> 9 -> 17 -> 27 in 0.6 s without this).
+    clock = Clock()
+    limit = probed(clock)  # minRTT 20 ms; the probe ended at ~1000.004
+    start = clock.now - 1000.0
+    # The probe's calls ran at the floor; the first window's answers are of calls granted
+    # after its end: a rise (3 -> 5).
+    for i in range(1, 4):
+        answer(limit, clock, start + 0.04 * i, 0.020)
+    assert limit.limit == 5
+    rose = clock.now - 1000.0
+    # Three answers 2-6 ms after the rise, 10 ms each (so granted before it), and one of a
+    # call granted after it: gradient 2, but one fresh sample in four is no evidence.
+    for at in (0.002, 0.004, 0.006):
+        answer(limit, clock, rose + at, 0.010)
+    answer(limit, clock, rose + 0.101, 0.010)
+    assert limit.limit == 5
+    # The next window's answers are all of calls granted at 5: now it may rise.
+    for at in (0.13, 0.16, 0.19, 0.21):
+        answer(limit, clock, rose + at, 0.010)
+    assert limit.limit > 5
+    # Falling needs no such proof: slow answers of calls granted before it bring it down.
+    high = limit.limit
+    fell = clock.now - 1000.0
+    for at in (0.02, 0.04, 0.06, 0.11):
+        answer(limit, clock, fell + at, 0.200)
+    assert limit.limit < high
+
+
 def test_falls_when_latency_rises_and_never_below_the_floor() -> None:
     clock = Clock()
     limit = probed(clock)
