@@ -66,9 +66,14 @@ class AdaptiveSettings:
     buffer: float = 0.25
     """Latency above minRTT tolerated before the limit falls, as a share of minRTT
     [min_rtt_calc_params.buffer]."""
-    min_limit: int = 3
+    min_limit: int = 2
     """The limit during a probe window and the floor at all times
-    [min_rtt_calc_params.min_concurrency]; capped at ``admission.tier_concurrency``."""
+    [min_rtt_calc_params.min_concurrency, 3 in Envoy]; capped at ``admission.tier_concurrency``.
+    2: one call computing and one ready behind it, so a backend that computes one call at a time
+    (short texts on a CPU) never idles for the hop, and minRTT is measured with at most one call
+    queued in it; at 3 minRTT held two calls' wait and the limit settled at 4-6 calls, 3-5 of
+    them waiting inside the backend (bench/RESULTS.md, "Scheduling: a quiet key's tie with a
+    flood, the limit's rises, the adaptive limit's floor", item 3)."""
     probe_interval_s: float = 30.0
     """Time between minRTT probes, plus up to 10% jitter [min_rtt_calc_params.interval]."""
     probe_requests: int = 50
@@ -93,9 +98,9 @@ class GradientLimit:
         "_clock",
         "_deferred",
         "_epoch",
+        "_fresh",
         "_min_windows",
         "_next_probe",
-        "_fresh",
         "_peak",
         "_raised_at",
         "_rng",

@@ -264,8 +264,9 @@ async def test_wait_bound_holds_while_the_adaptive_limit_probes() -> None:
     several hundred milliseconds build (what the bound was off for, the overload run's p99
     of ~800 ms came from)."""
     clock = [0.0]
-    admission = Admission(AdmissionSettings(tier_concurrency=64, tier_queue=100,
-                                            max_wait_factor=1.0), clock=lambda: clock[0])
+    admission = Admission(AdmissionSettings(  # a floor of 3 (the default is 2)
+        tier_concurrency=64, tier_queue=100, max_wait_factor=1.0,
+        adaptive=AdaptiveSettings(min_limit=3)), clock=lambda: clock[0])
     tracker = admission.adaptive("zone")
     assert tracker is not None and tracker.probing and not tracker.min_rtt_s
     # Before the first probe ends the limit is the floor, nothing learned: no bound yet.
@@ -415,7 +416,8 @@ async def test_with_express_a_tenant_holding_no_slot_goes_at_once_up_to_the_ceil
     gets one at once, up to ``tier_concurrency`` and its reserve, and only while it holds
     none."""
     admission = Admission(AdmissionSettings(tier_concurrency=5, tier_queue=100,
-                                            max_wait_factor=0.0, express=express))
+                                            max_wait_factor=0.0, express=express,
+                                            adaptive=AdaptiveSettings(min_limit=3)))
     flood = [await admission.acquire("zone", deadline=later(60), tenant="a") for _ in range(3)]
     b = await admission.acquire("zone", deadline=later(60), tenant="b")  # 3 < 3 + 1: at once
     c = asyncio.create_task(admission.acquire("zone", deadline=later(60), tenant="c"))
