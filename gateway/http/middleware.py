@@ -39,6 +39,10 @@ TENANT: web.RequestKey[str] = web.RequestKey("tenant", str)
 QUOTA: web.RequestKey[QuotaState] = web.RequestKey("quota", QuotaState)
 """The request's quota state, when its tenant has limits (for the RateLimit headers: the
 handler puts them on its answer, ``errors`` on an error's)."""
+ARRIVED: web.RequestKey[float] = web.RequestKey("arrived", float)
+"""When the request's head was read off its connection (``time.monotonic``), set by the
+connection's protocol (http/connection.py): its deadline counts from then, not from when its
+handler ran."""
 # Probes and scrapes would drown the access log; they are counted in metrics instead.
 _QUIET = frozenset({"/metrics", "/healthz", "/readyz", "/dashboard/stats.json"})
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")

@@ -19,7 +19,7 @@ from gateway.errors import (
 )
 from gateway.http import app_state as state
 from gateway.http.body import check_json_type, deadline_ms, parse_json, read_body
-from gateway.http.middleware import QUOTA, TENANT, request_id_of
+from gateway.http.middleware import ARRIVED, QUOTA, TENANT, request_id_of
 from gateway.pipeline import Call
 from gateway.pipeline.accounting import usage_of
 from gateway.pipeline.context import CacheDirectives, RequestContext
@@ -31,9 +31,10 @@ from gateway.tenants.quota.limiter import QuotaState
 def make_context(request: web.Request, route: str, *, tenant: str | None = None,
                  started: float | None = None,
                  headers: RequestHeaders | None = None) -> RequestContext:
-    """Tenant (401 for a bad key, unless already identified), deadline and cache directives:
-    nothing here reads the body. ``headers``: the request's one reading of its headers, when
-    the caller already made it (the hot-answer key reads the same one)."""
+    """Tenant (401 for a bad key, unless already identified), deadline (counted from when the
+    request's head was read, ``ARRIVED``) and cache directives: nothing here reads the body.
+    ``headers``: the request's one reading of its headers, when the caller already made it
+    (the hot-answer key reads the same one)."""
     settings = request.app[state.SETTINGS]
     if tenant is None:
         tenant = identify(request)
@@ -49,7 +50,7 @@ def make_context(request: web.Request, route: str, *, tenant: str | None = None,
         route=route,
         tenant=tenant,
         headers=headers,
-        deadline=time.monotonic() + timeout_ms / 1000.0,
+        deadline=(request.get(ARRIVED) or time.monotonic()) + timeout_ms / 1000.0,
         directives=CacheDirectives.parse(headers.joined("cache-control")),
     )
     if started is not None:
