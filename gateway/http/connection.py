@@ -104,7 +104,11 @@ class GuardedRequestHandler(web.RequestHandler):
         super().data_received(data)
         if self._request_count != count:  # one or more heads completed
             now = time.monotonic()
-            self._arrivals.extend(now for _ in range(self._request_count - count))
+            added = self._request_count - count
+            if added == 1:
+                self._arrivals.append(now)
+            else:
+                self._arrivals.extend([now] * added)
             if self._head_timer is not None:  # (``_cancel_head``, inline: every request)
                 self._head_timer.cancel()
                 self._head_timer = None
