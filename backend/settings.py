@@ -115,7 +115,8 @@ class ServeSettings:
     # time-slices the two on a shared core) instead of after it. docs/SCHEDULING.md.
     express_lane: bool = False
     # How many nice steps the regular workers' threads run below the event loop's (Linux, per
-    # thread; 0 = the same): the loops' request handling and the express lane go first.
+    # thread; 0 = the same): the loops' request handling and the express lane go first. With
+    # the express lane, only while it is in use (its last batch began within a second).
     compute_nice: int = 0
     # Seconds between NVML samples of the GPU metrics (backend/gpu.py), taken off the event
     # loop; 0 = no GPU metrics. Only the GPUs the models run on are sampled.

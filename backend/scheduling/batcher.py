@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -70,6 +71,7 @@ class DynamicBatcher(Generic[T, R]):
         cost: CostModel | None = None,
         express: bool = False,
         nice: int = 0,
+        nice_hold_s: float = 1.0,
     ) -> None:
         if max_batch_size < 1 or workers < 1:
             raise ValueError("batch size and workers must be >= 1")
@@ -89,6 +91,15 @@ class DynamicBatcher(Generic[T, R]):
                                             initializer=_lower_priority, initargs=(nice,))
         self._express_executor = (ThreadPoolExecutor(1, thread_name_prefix=f"{name}-express")
                                   if express else None)
+        # With the lane, the nice steps hold only while it is in use (its last batch began
+        # within ``nice_hold_s``): a regular batch then goes to a niced worker, otherwise to
+        # one at the loop's priority, so a lone tenant's batches (overload, a burst) keep
+        # their share of a core shared with the loops. A thread may not lower its own nice
+        # value without privilege, hence two sets of threads rather than one reniced.
+        self._plain_executor = (ThreadPoolExecutor(workers, thread_name_prefix=f"{name}-plain")
+                                if express and nice > 0 else None)
+        self._nice_hold_s = nice_hold_s
+        self._lane_at = -math.inf  # when the express lane's last batch began
         self._idle = workers  # regular workers idle
         # The express lane: one more worker, for what the regular ones' batches would make
         # wait (``_express_take``); ``_running`` holds each regular batch's best level and keys.
@@ -136,6 +147,8 @@ class DynamicBatcher(Generic[T, R]):
         self._executor.shutdown(wait=False)
         if self._express_executor is not None:
             self._express_executor.shutdown(wait=False)
+        if self._plain_executor is not None:
+            self._plain_executor.shutdown(wait=False)
 
     def estimated_wait_s(self) -> float:
         """Rough time to drain the queue, from the learned cost."""
@@ -312,6 +325,7 @@ class DynamicBatcher(Generic[T, R]):
         callers failed) when shut down."""
         if express:
             self._express_idle = False
+            self._lane_at = self._clock()
             self._observer.express_batch(len(batch))
         else:
             self._idle -= 1
@@ -319,7 +333,7 @@ class DynamicBatcher(Generic[T, R]):
                                         frozenset(slot.req.key for slot in batch))
         self._ends.append(end)
         try:
-            executor = self._express_executor if express else self._executor
+            executor = self._executor_for(express)
             assert executor is not None
             executor.submit(self._work, loop, batch, bounds, groups, end, express)
         except RuntimeError as exc:  # the executor is shut down
@@ -329,6 +343,14 @@ class DynamicBatcher(Generic[T, R]):
                 fail(slot.req, BatcherClosed(str(exc)))
             return False
         return True
+
+    def _executor_for(self, express: bool) -> ThreadPoolExecutor | None:
+        if express:
+            return self._express_executor
+        if (self._plain_executor is not None
+                and self._clock() - self._lane_at > self._nice_hold_s):
+            return self._plain_executor  # the lane is not in use: no reason to yield
+        return self._executor
 
     def _free(self, batch: list[Slot], express: bool) -> None:
         if express:

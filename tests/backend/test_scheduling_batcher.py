@@ -387,15 +387,39 @@ async def test_regular_workers_run_nice_steps_below_the_loop_and_the_express_lan
     compute, clock = Priorities(), Clock()
     batcher: DynamicBatcher[int, int] = DynamicBatcher(
         compute, max_batch_size=4, size_of=lambda _: 10, clock=clock, cost=FixedCost(),
-        express=True, nice=3, policy=SchedulePolicy.uniform(
+        express=True, nice=3, nice_hold_s=1.0, policy=SchedulePolicy.uniform(
             levels=3, max_queue_size=64, default_timeout_s=60.0, default_priority=2))
     batcher.start()
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    niced = min(19, base + 3)
+    # The lane has not been used: a lone key's batch keeps the loop's priority.
     held = await held_on(compute, batcher, 1000, key="A")
-    assert (await batcher.submit([5], key="B")).results == [10]  # the express lane
+    # B's request takes the lane, at the loop's priority, beside A's batch.
+    assert (await batcher.submit([5], key="B")).results == [10]
+    follow = asyncio.create_task(batcher.submit([6], key="A"))
+    await until(lambda: batcher.depth == 1)
     compute.release(1000)
-    await held
-    assert compute.nice == {1000: min(19, base + 3), 5: base}
+    await asyncio.gather(held, follow)
+    # While the lane is in use (its last batch began within the hold), regular batches yield.
+    clock.now += 1.0
+    assert (await batcher.submit([7], key="A")).results == [14]
+    # Past the hold, a regular batch is back at the loop's priority.
+    clock.now += 0.01
+    assert (await batcher.submit([8], key="A")).results == [16]
+    assert compute.nice == {1000: base, 5: base, 6: niced, 7: niced, 8: base}
+    await batcher.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+async def test_without_the_express_lane_the_nice_steps_always_hold() -> None:
+    compute, clock = Priorities(), Clock()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(
+        compute, max_batch_size=4, size_of=lambda _: 10, clock=clock, cost=FixedCost(),
+        nice=3)
+    batcher.start()
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert (await batcher.submit([1], key="A")).results == [2]
+    assert compute.nice == {1: min(19, base + 3)}
     await batcher.close()
 
 
