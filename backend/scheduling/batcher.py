@@ -44,6 +44,7 @@ from backend.scheduling.grouping import plan_groups
 from backend.scheduling.observer import BatchObserver, NullObserver
 from backend.scheduling.policy import SchedulePolicy
 from backend.scheduling.queue import ScheduleQueue, Slot, Ticket
+from backend.scheduling.served import RecentService
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -99,6 +100,8 @@ class DynamicBatcher(Generic[T, R]):
         self._plain_executor = (ThreadPoolExecutor(workers, thread_name_prefix=f"{name}-plain")
                                 if express and nice > 0 else None)
         self._nice_hold_s = nice_hold_s
+        self._served = RecentService(clock) if express else None
+        self._by_tokens = self.policy.fair_by == "tokens"
         self._lane_at = -math.inf  # when the express lane's last batch began
         self._idle = workers  # regular workers idle
         # The express lane: one more worker, for what the regular ones' batches would make
@@ -307,7 +310,8 @@ class DynamicBatcher(Generic[T, R]):
 
     def _express_take(self, now: float) -> tuple[list[Slot], list[Ticket]]:
         """The express lane's batch: items at a better level than every regular batch in
-        compute, or at the best such level from a key none of them holds. A quiet tenant's
+        compute, or at the best such level from a key none of them holds and that was served
+        less lately than each key they hold (``RecentService``). A quiet tenant's
         request beside a flood, or an interactive one beside batch lines, then computes
         beside the batch in compute instead of after it: on a shared core the kernel
         time-slices the two, which pre-empts the long batch as a queue can't."""
@@ -315,6 +319,8 @@ class DynamicBatcher(Generic[T, R]):
             return [], []
         level = min(lv for lv, _ in self._running.values())
         keys = frozenset().union(*(k for _, k in self._running.values()))
+        if self._served is not None:
+            keys = self._served.not_behind(keys)  # at its level, only a key that is behind
         return self._queue.take(now, self.max_batch_size, self.cost, below=level,
                                 exclude=keys)
 
@@ -332,6 +338,10 @@ class DynamicBatcher(Generic[T, R]):
             self._running[id(batch)] = (min(slot.req.level for slot in batch),
                                         frozenset(slot.req.key for slot in batch))
         self._ends.append(end)
+        served = self._served
+        if served is not None:
+            for slot in batch:
+                served.add(slot.req.key, slot.size if self._by_tokens else 1)
         try:
             executor = self._executor_for(express)
             assert executor is not None

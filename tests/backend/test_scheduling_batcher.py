@@ -321,6 +321,51 @@ async def test_the_express_lane_computes_a_quiet_key_beside_a_floods_batch() -> 
     await batcher.close()
 
 
+async def test_the_express_lane_takes_only_a_key_served_less_lately_than_the_one_in_compute(
+) -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = express_batcher(compute, clock)
+    held = await held_on(compute, batcher, 1000, key="A")  # A served 10 tokens
+    assert (await batcher.submit([500], key="B")).results == [1000]  # B behind: the lane
+    # B has now been served as much as A lately: no longer quiet beside it, so its next
+    # request waits for the regular worker instead of always cutting ahead of A's batches.
+    second = asyncio.create_task(batcher.submit([501], key="B"))
+    await until(lambda: batcher.depth == 1)
+    assert batcher.busy_workers == 1 and compute.calls == [[1000], [500]]
+    compute.release(1000)
+    assert (await second).results == [1002]
+    await held
+    # Two windows on, what was served is forgotten: behind A's new batch again, B is quiet.
+    clock.now += 2.0
+    held = await held_on(compute, batcher, 2000, key="A")
+    assert (await batcher.submit([502], key="B")).results == [1004]
+    assert compute.calls == [[1000], [500], [501], [2000], [502]]
+    compute.release(2000)
+    await held
+    await batcher.close()
+
+
+def test_recent_service_counts_two_windows_and_leaves_the_keys_not_behind() -> None:
+    from backend.scheduling.served import RecentService
+
+    clock = Clock()
+    served = RecentService(clock, window_s=1.0)
+    served.add("A", 10)
+    clock.now += 0.5
+    served.add("B", 4)
+    assert served.not_behind(frozenset({"A"})) == {"A"}  # B (4) is behind A (10)
+    served.add("B", 6)
+    assert served.not_behind(frozenset({"A"})) == {"A", "B"}  # a tie is not behind
+    clock.now += 0.6  # the next window: the first one still counts
+    assert (served.of("A"), served.of("B")) == (10, 10)
+    served.add("C", 1)
+    clock.now += 1.0  # A and B's window is two back now
+    assert (served.of("A"), served.of("B"), served.of("C")) == (0, 0, 1)
+    assert served.not_behind(frozenset({"A"})) == {"A", "C"}
+    clock.now += 5.0
+    assert served.of("C") == 0 and served.not_behind(frozenset()) == frozenset()
+
+
 async def test_the_express_lane_leaves_a_key_in_compute_and_lower_levels_to_the_queue(
 ) -> None:
     compute, clock = Doubler(), Clock()
