@@ -18,7 +18,12 @@ adds, from ``ConnectionSettings``:
   then. Under a burst the loop reads every connection's bytes in one turn, then runs their
   handlers one after another, so the last handler starts tens or hundreds of milliseconds after
   its head came (300 long texts at once: ~150 ms); a deadline counted from the handler let the
-  gateway answer in time by its clock and late by the client's.
+  gateway answer in time by its clock and late by the client's. The loop itself reads a head
+  late when it was busy: the bytes wait in the socket. For a head that carries its own
+  deadline (``X-Request-Timeout-Ms``), the kernel says how long: TCP_INFO's
+  ``tcpi_last_data_recv`` (milliseconds since the newest segment came, in kernel ticks), and
+  the stamp moves back by that wait once it is two ticks or more. One ``getsockopt`` (~1 us),
+  only for such heads; the stamp is never earlier than the newest segment's arrival.
 
 Timers are loop ``call_at`` handles, so a slow client costs no task and delays nobody else.
 """
@@ -27,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -40,6 +47,15 @@ from gateway.errors import GatewayError, Overloaded, RequestTimeout
 from gateway.http.middleware import ARRIVED, SERVER_NAME, new_request_id
 
 log = logging.getLogger("gateway.http")
+
+_DEADLINE_HEADER = "X-Request-Timeout-Ms"
+# struct tcp_info (linux/tcp.h): tcpi_last_data_recv, a u32 of milliseconds at byte 52.
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+_LAST_DATA_RECV = struct.Struct("=I")
+_LAST_DATA_RECV_AT = 52
+_TCP_INFO_LEN = 56
+# Below this the reading is the kernel tick's rounding (4 ms at 250 Hz), not a wait.
+_MIN_SOCKET_WAIT_S = 0.008
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +76,7 @@ class BodyTimeout(RequestTimeout, TimeoutError):
 class GuardedRequestHandler(web.RequestHandler):
     """aiohttp's connection protocol with a head deadline, a body deadline and a cap."""
 
-    __slots__ = ("_arrivals", "_body", "_body_timer", "_head_timer", "_limits")
+    __slots__ = ("_arrivals", "_body", "_body_timer", "_head_timer", "_limits", "_sock")
 
     def __init__(self, manager: Any, *, limits: ConnectionLimits | None = None,
                  **kwargs: Any) -> None:
@@ -69,6 +85,7 @@ class GuardedRequestHandler(web.RequestHandler):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._body: StreamReader | None = None
+        self._sock: Any = None  # the TCP socket (TCP_INFO), None for any other transport
         # When each head still queued for the handler loop was read, in the queue's order
         # (aiohttp's ``_messages``): ``start`` makes their requests one by one, in that order.
         arrivals = self._arrivals = deque[float]()
@@ -83,6 +100,10 @@ class GuardedRequestHandler(web.RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if (_TCP_INFO is not None and sock is not None
+                and sock.family in (socket.AF_INET, socket.AF_INET6)):
+            self._sock = sock
         manager = self._manager
         if manager is not None and len(manager.connections) > self._limits.max_connections:
             log.warning("connection refused: cap reached",
@@ -105,6 +126,8 @@ class GuardedRequestHandler(web.RequestHandler):
         if self._request_count != count:  # one or more heads completed
             now = time.monotonic()
             added = self._request_count - count
+            if self._sock is not None and self._carries_deadline(added):
+                now -= self._socket_wait()
             if added == 1:
                 self._arrivals.append(now)
             else:
@@ -126,6 +149,26 @@ class GuardedRequestHandler(web.RequestHandler):
         elif self._head_timer is None:  # the first bytes of a head
             self._head_timer = self._loop.call_later(self._limits.header_timeout_s,
                                                      self._head_expired)
+
+    def _carries_deadline(self, added: int) -> bool:
+        """Whether one of the ``added`` heads just read has its own deadline."""
+        messages = self._messages
+        for i in range(1, min(added, len(messages)) + 1):
+            headers = getattr(messages[-i][0], "headers", None)  # a parse error has none
+            if headers is not None and _DEADLINE_HEADER in headers:
+                return True
+        return False
+
+    def _socket_wait(self) -> float:
+        """Seconds the newest bytes waited in the socket before this read (0 below two kernel
+        ticks, or when the kernel does not say)."""
+        try:
+            raw = self._sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)
+            (waited_ms,) = _LAST_DATA_RECV.unpack_from(raw, _LAST_DATA_RECV_AT)
+        except (OSError, struct.error):
+            return 0.0
+        waited = waited_ms / 1000.0
+        return waited if waited >= _MIN_SOCKET_WAIT_S else 0.0
 
     def _process_keepalive(self) -> None:
         # aiohttp's idle timer also fires while a head trickles in (it only sees "no request

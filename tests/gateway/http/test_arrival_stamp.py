@@ -85,3 +85,43 @@ def test_the_deadline_counts_from_the_stamp() -> None:
     before = time.monotonic()
     ctx = make_context(unstamped, "embeddings", tenant="public")
     assert before + 1.0 <= ctx.deadline <= time.monotonic() + 1.0  # no stamp: from now
+
+
+async def _stamps_after_a_busy_loop(headers: bytes) -> tuple[float, float, float]:
+    """A request written while the loop is blocked for 0.3 s (its bytes wait in the socket):
+    (written, read after the block, the request's stamp)."""
+    stamps: list[float] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        stamps.append(request[ARRIVED])
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    server = _Server(app)
+    await server.start_server()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        written = time.monotonic()
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+        await writer.drain()
+        time.sleep(0.3)  # noqa: ASYNC251 (the point: the loop is busy, the head waits in the socket)
+        unblocked = time.monotonic()
+        async with asyncio.timeout(10):
+            assert (await read_reply(reader)).status == 200
+        writer.close()
+    finally:
+        await server.close()
+    return written, unblocked, stamps[0]
+
+
+async def test_a_head_with_its_own_deadline_is_stamped_when_it_reached_the_socket() -> None:
+    written, unblocked, stamp = await _stamps_after_a_busy_loop(b"X-Request-Timeout-Ms: 600\r\n")
+    # The kernel's reading moves the stamp back by the 0.3 s the bytes waited (to within its
+    # tick of 1-10 ms), not to the read after the block.
+    assert written - 0.05 <= stamp < unblocked - 0.2
+
+
+async def test_a_head_without_a_deadline_is_stamped_when_read() -> None:
+    _, unblocked, stamp = await _stamps_after_a_busy_loop(b"")
+    assert stamp >= unblocked
