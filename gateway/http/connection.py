@@ -42,13 +42,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 from aiohttp.streams import StreamReader
+from multidict import istr
 
 from gateway.errors import GatewayError, Overloaded, RequestTimeout
 from gateway.http.middleware import ARRIVED, SERVER_NAME, new_request_id
 
 log = logging.getLogger("gateway.http")
 
-_DEADLINE_HEADER = "X-Request-Timeout-Ms"
+_DEADLINE_HEADER = istr("X-Request-Timeout-Ms")  # istr: looked up without folding
 # struct tcp_info (linux/tcp.h): tcpi_last_data_recv, a u32 of milliseconds at byte 52.
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
 _LAST_DATA_RECV = struct.Struct("=I")
@@ -153,6 +154,9 @@ class GuardedRequestHandler(web.RequestHandler):
     def _carries_deadline(self, added: int) -> bool:
         """Whether one of the ``added`` heads just read has its own deadline."""
         messages = self._messages
+        if added == 1 and messages:  # the common case, without the loop
+            headers = getattr(messages[-1][0], "headers", None)  # a parse error has none
+            return headers is not None and _DEADLINE_HEADER in headers
         for i in range(1, min(added, len(messages)) + 1):
             headers = getattr(messages[-i][0], "headers", None)  # a parse error has none
             if headers is not None and _DEADLINE_HEADER in headers:
