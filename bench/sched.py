@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import math
 import re
@@ -85,6 +86,7 @@ from bench.sched_report import (
     BatchRun,
     Burst,
     Calibration,
+    CoreSplit,
     Round,
     Setup,
     report,
@@ -217,6 +219,7 @@ class Runner:
         self.plan, self.gateway, self.backend, self.redis = plan, gateway, backend, redis
         self.api, self.work = api, work
         self.url = f"{gateway.url}{ROUTE}"
+        self.splits: dict[str, CoreSplit] = {}  # the current round's, by phase name
 
     def closed(self, tag: str, body: Callable[[str, int], bytes], clients: int) -> LoadResult:
         json_a = {"Content-Type": "application/json", **headers("a")}
@@ -251,21 +254,47 @@ class Runner:
                             max_duration_s=self.plan.duration_s, max_connections=1024,
                             timeout_s=10.0, realtime=realtime)
 
+    def _split_start(self) -> tuple[float, float, float, float, float]:
+        """Before a phase: the backend's batch counts (scraped first, so the scrape's own
+        CPU is outside the phase), then each server's CPU and the clock."""
+        texts, batches = _batches(self.backend)
+        return (texts, batches, self.gateway.service.cpu_seconds(),
+                self.backend.service.cpu_seconds(), time.perf_counter())
+
+    def _split_end(self, start: tuple[float, float, float, float, float], result: LoadResult
+                   ) -> CoreSplit:
+        gateway_s = self.gateway.service.cpu_seconds() - start[2]
+        backend_s = self.backend.service.cpu_seconds() - start[3]
+        wall = time.perf_counter() - start[4]
+        texts, batches = _batches(self.backend)
+        return CoreSplit(wall, gateway_s, backend_s, len(result.ok), texts - start[0],
+                         batches - start[1])
+
+    def measured_c(self, rnd: int, clients: int) -> tuple[float, CoreSplit]:
+        """C of a round (its closed loop) and the core's split over it."""
+        start = self._split_start()
+        result = self.closed(f"c{rnd}", short, clients)
+        return result.throughput, self._split_end(start, result)
+
     def opened(self, name: str, rnd: int, tag: str, rate: float,
                tenant_of: Callable[[int], str], *, realtime: bool = False,
                flood: Service | None = None,
                merge: Callable[[openloop.Result, float], LoadResult] | None = None) -> Phase:
         """An open-loop phase; ``flood``: a process whose CPU is the test's, not "other";
         ``merge``: adds samples to B's (A's closed loop), given the perf_counter at start."""
+        split0 = self._split_start()
         steal0, busy0, own0 = steal_seconds(), busy_seconds(), time.process_time()
         ours0, helpers0 = self._ours(), self._helpers(flood)
         start = time.perf_counter()
         opened = self._open_loop(tag, rate, tenant_of, realtime)
         wall = max(opened.wall_s, 1e-9)
         ours = self._ours() - ours0
+        split = self._split_end(split0, opened)
         other = (busy_seconds() - busy0 - ours - (self._helpers(flood) - helpers0)
                  - (time.process_time() - own0))
         result = merge(opened, start) if merge is not None else opened
+        # A's answers in B's window count too (the CPU was read over that window).
+        self.splits[name] = dataclasses.replace(split, answers=len(result.ok))
         return Phase(name, rnd, rate, result, tenant_of, (steal_seconds() - steal0) / wall,
                      ours / wall, max(0.0, other) / wall)
 
@@ -369,8 +398,9 @@ class Runner:
                      max(0.0, other) / wall)
 
     def one_round(self, rnd: int, clients: int) -> Round:
-        c = self.closed(f"c{rnd}", short, clients).throughput
-        r = Round(rnd, c)
+        self.splits = {}
+        c, self.splits["C: closed loop"] = self.measured_c(rnd, clients)
+        r = Round(rnd, c, cores=self.splits)
         ph = r.phases
         ph[QUIET_03] = self.opened("B alone at 0.3x C", rnd, f"q{rnd}", 0.3 * c,
                                    lambda i: "b", realtime=True)
@@ -438,6 +468,13 @@ def _deferred(gateway: Server) -> dict[str, float]:
 
 def _texts_computed(backend: Server) -> float:
     return sum(scrape(backend.url, {"backend_batch_size_sum"}).values())
+
+
+def _batches(backend: Server) -> tuple[float, float]:
+    """Texts and batches the backend has computed (every model and worker together)."""
+    found = scrape(backend.url, {"backend_batch_size_sum", "backend_batch_size_count"})
+    return (sum(v for k, v in found.items() if k.startswith("backend_batch_size_sum")),
+            sum(v for k, v in found.items() if k.startswith("backend_batch_size_count")))
 
 
 def tenants_file(directory: Path) -> Path:

@@ -98,15 +98,38 @@ class BatchRun:
         return self.completed / self.seconds if self.seconds > 0 else math.nan
 
 
+@dataclass(frozen=True)
+class CoreSplit:
+    """How the server core was shared over one phase: each server's CPU and what the
+    backend computed (its ``backend_batch_size`` histogram's sum and count)."""
+
+    wall_s: float
+    gateway_s: float  # CPU seconds
+    backend_s: float
+    answers: int  # 2xx answers of the phase's own loops (not Batch API lines)
+    texts: float
+    batches: float
+
+    @property
+    def texts_per_batch(self) -> float:
+        return self.texts / self.batches if self.batches else math.nan
+
+    @property
+    def backend_ms_per_answer(self) -> float:
+        return 1000.0 * self.backend_s / self.answers if self.answers else math.nan
+
+
 @dataclass
 class Round:
-    """One round: C, its phases by key, the batch and the burst."""
+    """One round: C, its phases by key, the batch and the burst; ``cores``: the core's split
+    per phase name (C's closed loop included)."""
 
     number: int
     c: float
     phases: dict[str, Phase] = field(default_factory=dict)
     batch: BatchRun | None = None
     burst: Burst | None = None
+    cores: dict[str, CoreSplit] = field(default_factory=dict)
 
 
 def report(setup: Setup, calibration: Calibration, rounds: list[Round], started: str) -> str:
@@ -134,6 +157,7 @@ def report(setup: Setup, calibration: Calibration, rounds: list[Round], started:
         for p in r.phases.values():
             lines += _phase_rows(p)
     lines += _where_b_waits(rounds)
+    lines += _where_the_core_goes(rounds)
     batches = [(r.number, r.c, r.batch) for r in rounds if r.batch is not None]
     if batches:
         lines += ["", "| round | batch lines | completed before B | completed while B ran "
@@ -210,6 +234,27 @@ def _where_b_waits(rounds: list[Round]) -> list[str]:
     return ["", "Where B's time goes, from each answer's `Server-Timing` (p50 / p99 ms):", "",
             "| round | phase | answers | backend queue | backend compute | gateway "
             "| before the gateway |", "| ---: | --- | ---: | --- | --- | --- | --- |", *rows]
+
+
+def _where_the_core_goes(rounds: list[Round]) -> list[str]:
+    """A table of the server core's split per phase: C's closed loop keeps the backend's
+    queue full (full batches), an open loop at the same rate does not, and at 3x C the
+    gateway's refusals take their share of the core."""
+    rows = []
+    for r in rounds:
+        for name, split in r.cores.items():
+            wall = max(split.wall_s, 1e-9)
+            rows.append(f"| {r.number} | {name} | {split.gateway_s / wall:.2f} | "
+                        f"{split.backend_s / wall:.2f} | {split.answers} | "
+                        f"{split.backend_ms_per_answer:.2f} | {split.texts_per_batch:.2f} |")
+    if not rows:
+        return []
+    return ["", "Where the server core goes (cores from /proc; texts and batches from the "
+            "backend's `backend_batch_size`; a Batch API phase's lines are computed but not "
+            "in its answers):", "",
+            "| round | phase | gateway cores | backend cores | 2xx answers "
+            "| backend CPU ms / answer | texts / batch |",
+            "| ---: | --- | ---: | ---: | ---: | ---: | ---: |", *rows]
 
 
 def _reasons(counts: dict[str, float]) -> str:

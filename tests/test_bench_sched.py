@@ -32,6 +32,7 @@ from bench.sched_report import (
     QUIET_06,
     BatchRun,
     Calibration,
+    CoreSplit,
     Round,
     Setup,
     report,
@@ -289,6 +290,25 @@ def test_the_report_says_when_c_moved_too_much_between_rounds() -> None:
     assert sched_report.c_spread([Round(1, 100.0), Round(2, math.nan)]) == 0.0
 
 
+def test_the_report_splits_the_server_core_per_phase() -> None:
+    """Each server's cores over the phase, the backend's CPU per answer and texts per batch:
+    C's closed loop (full batches) beside an open loop at 3x C (the gateway's refusals)."""
+    c = CoreSplit(wall_s=8.0, gateway_s=1.2, backend_s=6.4, answers=1600, texts=1600.0,
+                  batches=640.0)
+    overload = CoreSplit(wall_s=8.0, gateway_s=2.24, backend_s=5.6, answers=1000,
+                         texts=1000.0, batches=800.0)
+    idle = CoreSplit(wall_s=8.0, gateway_s=0.0, backend_s=0.0, answers=0, texts=0.0,
+                     batches=0.0)
+    assert (c.texts_per_batch, c.backend_ms_per_answer) == (2.5, 4.0)
+    assert math.isnan(idle.texts_per_batch) and math.isnan(idle.backend_ms_per_answer)
+    r = Round(1, 200.0, cores={"C: closed loop": c, "A alone at 3x C": overload})
+    text = report(Setup(split_cores(), 1, 2.0, 3.0, 64, 10_000), Calibration(), [r], "now")
+    assert "| 1 | C: closed loop | 0.15 | 0.80 | 1600 | 4.00 | 2.50 |" in text
+    assert "| 1 | A alone at 3x C | 0.28 | 0.70 | 1000 | 5.60 | 1.25 |" in text
+    assert "Where the server core goes" not in report(
+        Setup(split_cores(), 1, 2.0, 3.0, 64, 10_000), Calibration(), [Round(1, 200.0)], "now")
+
+
 def test_an_empty_run_still_reports() -> None:
     text = report(Setup(split_cores(), 1, 2.0, 3.0, 64, 10_000), Calibration(), [], "now")
     assert "target" not in text and "C was not measured" in text
@@ -336,8 +356,11 @@ class _Tenants:
         self._thread.join(30)
 
 
-def test_the_noisy_phase_puts_as_answers_in_a_and_bs_in_b(tmp_path: Path) -> None:
+def test_the_noisy_phase_puts_as_answers_in_a_and_bs_in_b(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = dataclasses.replace(sched.parse(["--duration", "1"]), flood_clients=4)
+    computed = iter([(10.0, 5.0), (40.0, 20.0)])  # the backend's batch counts, before and after
+    monkeypatch.setattr(sched, "_batches", lambda backend: next(computed))
     idle = SimpleNamespace(service=SimpleNamespace(cpu_seconds=lambda: 0.0))
     with _Tenants() as fake:
         gateway = SimpleNamespace(host="127.0.0.1", port=fake.port,
@@ -349,3 +372,22 @@ def test_the_noisy_phase_puts_as_answers_in_a_and_bs_in_b(tmp_path: Path) -> Non
     assert a and {s.status for s in a} == {503}  # A's answers in B's window, all A's
     assert fake.seen["a"] > len(a)  # A ran before and after B's window too
     assert noisy.offered == 20.0
+    split = runner.splits["noisy"]
+    assert split.answers == len(b)  # A's were all 503 here
+    assert (split.texts, split.batches, split.texts_per_batch) == (30.0, 15.0, 2.0)
+
+
+def test_a_phases_core_split_counts_the_merged_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The noisy phase's split is read over B's window, and A's answers merged into that
+    window count in it, not only the open loop's."""
+    idle = SimpleNamespace(service=SimpleNamespace(cpu_seconds=lambda: 0.0),
+                           url="http://127.0.0.1:9")
+    runner = sched.Runner(sched.parse(["--duration", "1"]), idle, idle, idle, None,  # type: ignore[arg-type]
+                          tmp_path)
+    monkeypatch.setattr(sched, "_batches", lambda backend: (0.0, 0.0))
+    b_only = closed(4, 1)
+    monkeypatch.setattr(runner, "_open_loop", lambda *args: b_only)
+    merged = LoadResult("open+closed", [*b_only.samples, *closed(3, 2).samples], 1.0, 10)
+    runner.opened("noisy", 1, "t", 5.0, lambda i: "b", merge=lambda opened, start: merged)
+    assert runner.splits["noisy"].answers == 7  # B's 4 and A's 3
