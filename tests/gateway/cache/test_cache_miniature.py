@@ -186,8 +186,13 @@ async def test_the_tiered_cache_tells_the_metrics_the_period_the_l1_took() -> No
         [(found, _)] = await cache.get_many([keys[k]])
         if found is None:
             await cache.set_many([(keys[k], Entry(b"x", NOW, 1e9))])
-    # Told once at the first store, once when the miniatures chose the long period.
-    assert told.told == [("l1", 40), ("l1", 320)]
+    # Told at the first store, then at each change: the miniatures chose the long period.
+    # Near the 3% margin a process's hash salt (the L1 samples keys by ``hash()``) can make
+    # the choice flap back and forth once more (seen once in a CI run): every change is told,
+    # and the last told is the period in force.
+    assert told.told[:2] == [("l1", 40), ("l1", 320)]
+    assert all(a != b for a, b in zip(told.told, told.told[1:], strict=False))
+    assert told.told[-1] == ("l1", l1.period)
     plain = Periods()  # an LRU has no sketch: nothing to tell
     lru = TieredCache(MemoryCache(100, 1 << 40, clock=lambda: NOW), None, observer=plain)
     await lru.set_many([(keys[0], Entry(b"x", NOW, 1e9))])
