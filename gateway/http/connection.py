@@ -31,6 +31,7 @@ Timers are loop ``call_at`` handles, so a slow client costs no task and delays n
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import socket
 import struct
@@ -153,12 +154,8 @@ class GuardedRequestHandler(web.RequestHandler):
 
     def _carries_deadline(self, added: int) -> bool:
         """Whether one of the ``added`` heads just read has its own deadline."""
-        messages = self._messages
-        if added == 1 and messages:  # the common case, without the loop
-            headers = getattr(messages[-1][0], "headers", None)  # a parse error has none
-            return headers is not None and _DEADLINE_HEADER in headers
-        for i in range(1, min(added, len(messages)) + 1):
-            headers = getattr(messages[-i][0], "headers", None)  # a parse error has none
+        for message, _ in itertools.islice(reversed(self._messages), added):
+            headers = getattr(message, "headers", None)  # a parse error has none
             if headers is not None and _DEADLINE_HEADER in headers:
                 return True
         return False
