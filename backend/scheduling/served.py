@@ -48,8 +48,9 @@ class RecentService:
         included): those the lane leaves to the regular workers."""
         if not keys:
             return keys
-        floor = min(self.of(key) for key in keys)
+        self._roll()
         served = dict(self._previous)
         for key, units in self._current.items():
             served[key] = served.get(key, 0.0) + units
+        floor = min(served.get(key, 0.0) for key in keys)
         return keys | frozenset(key for key, units in served.items() if units >= floor)
