@@ -254,21 +254,21 @@ class Runner:
                             max_duration_s=self.plan.duration_s, max_connections=1024,
                             timeout_s=10.0, realtime=realtime)
 
-    def _split_start(self) -> tuple[float, float, float, float, float]:
-        """Before a phase: the backend's batch counts (scraped first, so the scrape's own
-        CPU is outside the phase), then each server's CPU and the clock."""
+    def _split_start(self) -> CoreSplit:
+        """Before a phase, the counters as they stand (the clock in ``wall_s``): the backend's
+        batch counts scraped first, so the scrape's own CPU is outside the phase."""
         texts, batches = _batches(self.backend)
-        return (texts, batches, self.gateway.service.cpu_seconds(),
-                self.backend.service.cpu_seconds(), time.perf_counter())
+        return CoreSplit(time.perf_counter(), self.gateway.service.cpu_seconds(),
+                         self.backend.service.cpu_seconds(), 0, texts, batches)
 
-    def _split_end(self, start: tuple[float, float, float, float, float], result: LoadResult
-                   ) -> CoreSplit:
-        gateway_s = self.gateway.service.cpu_seconds() - start[2]
-        backend_s = self.backend.service.cpu_seconds() - start[3]
-        wall = time.perf_counter() - start[4]
+    def _split_end(self, start: CoreSplit, result: LoadResult) -> CoreSplit:
+        """After it: the CPU read before the scrape, each counter less ``start``'s."""
+        gateway_s = self.gateway.service.cpu_seconds() - start.gateway_s
+        backend_s = self.backend.service.cpu_seconds() - start.backend_s
+        wall = time.perf_counter() - start.wall_s
         texts, batches = _batches(self.backend)
-        return CoreSplit(wall, gateway_s, backend_s, len(result.ok), texts - start[0],
-                         batches - start[1])
+        return CoreSplit(wall, gateway_s, backend_s, len(result.ok), texts - start.texts,
+                         batches - start.batches)
 
     def measured_c(self, rnd: int, clients: int) -> tuple[float, CoreSplit]:
         """C of a round (its closed loop) and the core's split over it."""
@@ -369,7 +369,7 @@ class Runner:
 
     def burst(self) -> Burst:
         c_long = self.closed("clong", long, 16).throughput
-        computed0 = _texts_computed(self.backend)
+        computed0, _ = _batches(self.backend)
         busy0, own0 = busy_seconds(), time.process_time()
         ours0, helpers0 = self._ours(), self._helpers(None)
         gateway = self.gateway
@@ -394,7 +394,7 @@ class Runner:
         ours = self._ours() - ours0
         other = (busy_seconds() - busy0 - ours - (self._helpers(None) - helpers0)
                  - (time.process_time() - own0))
-        return Burst(c_long, result, _texts_computed(self.backend) - computed0,
+        return Burst(c_long, result, _batches(self.backend)[0] - computed0,
                      max(0.0, other) / wall)
 
     def one_round(self, rnd: int, clients: int) -> Round:
@@ -464,10 +464,6 @@ def deferred_by_reason(scraped: dict[str, float]) -> dict[str, float]:
 
 def _deferred(gateway: Server) -> dict[str, float]:
     return deferred_by_reason(scrape(gateway.url, {"gateway_batch_deferred_total"}))
-
-
-def _texts_computed(backend: Server) -> float:
-    return sum(scrape(backend.url, {"backend_batch_size_sum"}).values())
 
 
 def _batches(backend: Server) -> tuple[float, float]:
