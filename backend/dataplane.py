@@ -205,11 +205,12 @@ class DataPlane:
         return served
 
     async def embed(self, served: ServedModel, texts: Sequence[str], *,
-                    deadline: float | None, priority: int = 0, key: str = ""
-                    ) -> EmbedResult:
+                    deadline: float | None, priority: int = 0, key: str = "",
+                    express: bool = False) -> EmbedResult:
         """Embeds ``texts`` through the model's batcher at ``priority`` (0: the model's
         default) for fairness key ``key``; ``deadline`` is ``time.monotonic()`` (None: the
-        priority level's default timeout).
+        priority level's default timeout); ``express``: the caller judged the key quiet (the
+        express lane may take it, ``scheduling/params.py``).
 
         A request past the model's limits (``limits.py``) fails before it is tokenized.
         """
@@ -220,7 +221,7 @@ class DataPlane:
         try:
             outcome = await served.batcher.submit(
                 texts, timeout_s=None if deadline is None else deadline - time.monotonic(),
-                priority=priority, key=key)
+                priority=priority, key=key, express=express)
         except QueueFull as exc:
             raise Overloaded(f"model {name!r}: {exc}", retry_after_s=exc.retry_after_s) from None
         except DeadlineExpired as exc:

@@ -86,7 +86,7 @@ async def infer(request: web.Request) -> web.Response:
     timeout_s = schedule.timeout_s(header_s)
     result = await plane.embed(
         served, parsed.texts, deadline=None if timeout_s is None else started + timeout_s,
-        priority=schedule.priority, key=schedule.fairness_key)
+        priority=schedule.priority, key=schedule.fairness_key, express=schedule.express)
     encoded = oip_response.encode_infer_response(
         config=served.config,
         request=parsed,

@@ -111,8 +111,9 @@ class ServeSettings:
     # next batch while it runs. Spin-waiting is off (see runtime.py).
     workers: int = 1
     # One more worker for what a regular batch in compute would make wait: a request of a key
-    # that batch does not hold, at its level or a better one, computes beside it (the kernel
-    # time-slices the two on a shared core) instead of after it. docs/SCHEDULING.md.
+    # that batch does not hold, at a better level, or at its level when the caller judged it
+    # quiet (OIP parameter ``express``), computes beside it (the kernel time-slices the two on
+    # a shared core) instead of after it. docs/SCHEDULING.md.
     express_lane: bool = False
     # How many nice steps the regular workers' threads run below the event loop's (Linux, per
     # thread; 0 = the same): the loops' request handling and the express lane go first. With

@@ -94,7 +94,8 @@ class InferenceService:
             result = await plane.embed(
                 served, parsed.texts,
                 deadline=None if timeout_s is None else started + timeout_s,
-                priority=schedule.priority, key=schedule.fairness_key)
+                priority=schedule.priority, key=schedule.fairness_key,
+                express=schedule.express)
             response = tensors.encode_infer_response(
                 config=config, request=parsed, embeddings=result.embeddings,
                 token_counts=result.token_counts,

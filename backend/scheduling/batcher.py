@@ -158,9 +158,12 @@ class DynamicBatcher(Generic[T, R]):
         return self.cost.estimate(self._queue.tokens) / self.workers
 
     async def submit(self, items: Sequence[T], *, timeout_s: float | None = None,
-                     priority: int = 0, key: str = "") -> BatchOutcome[R]:
+                     priority: int = 0, key: str = "", express: bool = False
+                     ) -> BatchOutcome[R]:
         """Queues ``items`` at ``priority`` (0: the default) for fairness key ``key`` and waits
         for their results, in order. ``timeout_s`` None: the level's default timeout.
+        ``express``: the caller judged ``key`` quiet; only such a request may take the express
+        lane at the level of the batch in compute (``_express_take``).
 
         Raises ``QueueFull`` (or ``WouldMissDeadline``) at once when refused,
         ``DeadlineExpired`` when the deadline passes first or cannot be met, ``BatcherClosed``
@@ -195,7 +198,7 @@ class DynamicBatcher(Generic[T, R]):
                 f"{timeout * 1000:.0f} ms", expected)
         future: asyncio.Future[BatchOutcome[R]] = loop.create_future()
         req = Ticket(n, level=level, key=key, deadline=now + timeout, enqueued=now,
-                     seq=next(self._seq), future=future)
+                     seq=next(self._seq), future=future, express=express)
         was_empty = self._queue.depth == 0
         if n == 1 and was_empty and self._idle:
             # The lone request (the common miss at low load): an idle worker takes it now,
@@ -310,8 +313,11 @@ class DynamicBatcher(Generic[T, R]):
 
     def _express_take(self, now: float) -> tuple[list[Slot], list[Ticket]]:
         """The express lane's batch: items at a better level than every regular batch in
-        compute, or at the best such level from a key none of them holds and that was served
-        less lately than each key they hold (``RecentService``). A quiet tenant's
+        compute, or at the best such level from a request its caller judged quiet
+        (``express``: the gateway had no backlog of its tenant's calls) of a key none of them
+        holds and that was served less lately than each key they hold (``RecentService``).
+        Two tenants evenly busy both have backlogs in the gateway, so neither takes the lane
+        in turns, computing its texts alone beside the other's batch. A quiet tenant's
         request beside a flood, or an interactive one beside batch lines, then computes
         beside the batch in compute instead of after it: on a shared core the kernel
         time-slices the two, which pre-empts the long batch as a queue can't."""

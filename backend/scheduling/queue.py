@@ -37,11 +37,12 @@ from backend.scheduling.policy import SchedulePolicy
 class Ticket:
     """One request in the queue, and what the batcher gathers for it on the way out."""
 
-    __slots__ = ("batch_size", "closed", "compute_s", "deadline", "enqueued", "future", "key",
-                 "level", "queued", "queued_tokens", "remaining", "results", "seq")
+    __slots__ = ("batch_size", "closed", "compute_s", "deadline", "enqueued", "express",
+                 "future", "key", "level", "queued", "queued_tokens", "remaining", "results",
+                 "seq")
 
     def __init__(self, n: int, *, level: int, key: str, deadline: float, enqueued: float,
-                 seq: int, future: Any = None) -> None:
+                 seq: int, future: Any = None, express: bool = False) -> None:
         self.future = future
         self.results: list[Any] = [None] * n
         self.remaining = n  # results still to come
@@ -52,6 +53,7 @@ class Ticket:
         self.deadline = deadline
         self.enqueued = enqueued
         self.seq = seq
+        self.express = express  # the caller judged its key quiet: the express lane may take it
         self.closed = False
         self.compute_s = 0.0
         self.batch_size = 0
@@ -91,8 +93,10 @@ class FairLevel:
         self.items += len(slots)
         self.tokens += tokens
 
-    def head(self, exclude: frozenset[str] = frozenset()) -> Slot | None:
-        """The next item fairness picks (not removed), from a key not in ``exclude``."""
+    def head(self, exclude: frozenset[str] = frozenset(), express_only: bool = False
+             ) -> Slot | None:
+        """The next item fairness picks (not removed), from a key not in ``exclude``; with
+        ``express_only``, from a request its caller judged quiet (``Ticket.express``)."""
         best: Slot | None = None
         best_rank = (0.0, 0, 0)
         for key in list(self._fifos):
@@ -102,7 +106,7 @@ class FairLevel:
             if not fifo:
                 self._forget(key)
                 continue
-            if key in exclude:
+            if key in exclude or (express_only and not fifo[0].req.express):
                 continue
             rank = (self._count[key], self._tokens[key], fifo[0].seq)
             if best is None or rank < best_rank:
@@ -238,7 +242,8 @@ class ScheduleQueue:
         they could not finish before their deadline even alone (removed, to be failed).
 
         With ``below`` (the batcher's express lane): only from the levels above that 0-based
-        level, and from that level itself the keys not in ``exclude``."""
+        level, and from that level itself the requests judged quiet by their caller
+        (``Ticket.express``) of keys not in ``exclude``."""
         batch: list[Slot] = []
         dropped: list[Ticket] = []
         tokens = 0
@@ -250,9 +255,10 @@ class ScheduleQueue:
         for index, level in enumerate(self.levels):
             if below is not None and index > below:
                 break
-            skip = exclude if index == below else frozenset()
+            at_below = index == below
+            skip = exclude if at_below else frozenset()
             while len(batch) < max_items:
-                slot = level.head(skip)
+                slot = level.head(skip, at_below)
                 if slot is None:
                     break
                 req = slot.req

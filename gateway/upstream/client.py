@@ -48,7 +48,7 @@ from gateway.upstream.admission.fairqueue import INTERACTIVE, Priority
 from gateway.upstream.admission.slots import PUBLIC
 from gateway.upstream.results import InferResult, RawResult
 from gateway.upstream.retry import RetryBudget, RetryPolicy
-from gateway.upstream.schedule import Schedule
+from gateway.upstream.schedule import EXPRESS, Schedule
 from gateway.upstream.transport import (
     ConnectError,
     ReadTimeout,
@@ -102,7 +102,8 @@ class Upstream(Tries):
         ``priority`` place the call in admission's fair queue and, with ``route``, in the
         backend's (schedule.py)."""
         n = len(texts)
-        body = infer_request_body(texts, self.schedule.params(tenant, route, priority))
+        body = infer_request_body(texts, self.schedule.params(
+            tenant, route, priority, express=self._admission.quiet(tenant, priority)))
         self._observer.upstream_batch(n)
 
         def decode(reply: _Reply) -> InferResult:
@@ -126,8 +127,9 @@ class Upstream(Tries):
         """OIP passthrough of ``body`` (an infer request object, without the scheduling
         parameters: the client's own ``priority`` comes as ``client_priority`` and may only
         lower the call's); the backend's 2xx/4xx answer as is; 5xx map to gateway errors."""
-        params = {**(body.get("parameters") or {}),
-                  **self.schedule.params(tenant, route, priority, client_priority)}
+        params = {**{k: v for k, v in (body.get("parameters") or {}).items() if k != EXPRESS},
+                  **self.schedule.params(tenant, route, priority, client_priority,
+                                         express=self._admission.quiet(tenant, priority))}
         raw = orjson.dumps({**body, "parameters": params})
 
         def decode(reply: _Reply) -> RawResult:

@@ -10,6 +10,11 @@ The backend's queue is where waiting happens (docs/SCHEDULING.md), so each call 
   priority (a larger number), never raise it.
 - ``fairness_key``: a keyed hash of the tenant id, never the id itself: the backend shares
   its batches fairly between keys without learning who the tenants are.
+- ``express`` (true, or absent): with ``admission.express``, an interactive call of a tenant
+  whose last call got a slot at once (no backlog of its calls in the gateway): the backend's
+  express lane (``BACKEND_EXPRESS_LANE``) may compute it beside the batch in compute. Two
+  tenants evenly busy both queue in the gateway, so neither is sent as express and neither
+  computes texts alone beside the other's batch; a quiet tenant beside a flood is.
 - the remaining deadline travels as ``X-Request-Timeout-Ms`` (REST) or the call's gRPC deadline,
   set per try by the client (client.py); a client's ``timeout`` parameter may only shorten it.
 
@@ -31,7 +36,8 @@ TenantPriority = Callable[[str], tuple[Priority, int | None, Mapping[str, int]]]
 PRIORITY = "priority"
 TIMEOUT = "timeout"
 FAIRNESS_KEY = "fairness_key"
-SCHEDULE_PARAMETERS = (PRIORITY, TIMEOUT, FAIRNESS_KEY)
+EXPRESS = "express"
+SCHEDULE_PARAMETERS = (PRIORITY, TIMEOUT, FAIRNESS_KEY, EXPRESS)
 """OIP request parameters the gateway sets itself: a client's are never passed on as sent."""
 
 
@@ -71,11 +77,14 @@ class Schedule:
             number = max(number, self._batch)
         return max(number, client)  # a client may only lower its own priority
 
-    def params(self, tenant: str, route: str, cls: Priority, client: int = 0
-               ) -> dict[str, Any]:
-        """The OIP request parameters a backend call carries."""
-        return {PRIORITY: self.priority(tenant, route, cls, client),
-                FAIRNESS_KEY: fairness_key(tenant, self._salt)}
+    def params(self, tenant: str, route: str, cls: Priority, client: int = 0, *,
+               express: bool = False) -> dict[str, Any]:
+        """The OIP request parameters a backend call carries (``express`` only when true)."""
+        params = {PRIORITY: self.priority(tenant, route, cls, client),
+                  FAIRNESS_KEY: fairness_key(tenant, self._salt)}
+        if express:
+            params[EXPRESS] = True
+        return params
 
 
 def client_schedule(parameters: object) -> tuple[int, float | None]:

@@ -141,6 +141,8 @@ def test_a_timeout_the_backlog_outlasts_is_refused_at_once_over_http_and_grpc(
     ({"priority": "high"}, "parameter 'priority' must be an integer"),
     ({"timeout": 1.5}, "parameter 'timeout' must be an integer"),
     ({"fairness_key": 7}, "parameter 'fairness_key' must be a string"),
+    ({"express": "yes"}, "parameter 'express' must be a boolean"),
+    ({"express": 1}, "parameter 'express' must be a boolean"),
 ])
 def test_bad_scheduling_parameters_are_400(servers: Servers, parameters: dict[str, Any],
                                            message: str) -> None:

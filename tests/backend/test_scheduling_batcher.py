@@ -293,12 +293,12 @@ def express_batcher(compute: Doubler, clock: Clock, observer: BatchObserver | No
 
 
 async def held_on(compute: Doubler, batcher: DynamicBatcher[int, int], item: int, *,
-                  key: str, priority: int = 0) -> asyncio.Task[object]:
+                  key: str, priority: int = 0, express: bool = False) -> asyncio.Task[object]:
     """A regular worker busy with ``item`` of ``key`` until ``compute.release(item)``."""
     compute.gates[item] = threading.Event()
     compute.started[item] = threading.Event()
     task: asyncio.Task[object] = asyncio.create_task(
-        batcher.submit([item], key=key, priority=priority))
+        batcher.submit([item], key=key, priority=priority, express=express))
     assert await asyncio.to_thread(compute.started[item].wait, 5)
     return task
 
@@ -311,7 +311,7 @@ async def test_the_express_lane_computes_a_quiet_key_beside_a_floods_batch() -> 
     await until(lambda: batcher.depth == 8)
     assert batcher.busy_workers == 1  # A's own backlog waits for the regular worker
     # B's request is answered while A's batch is still in compute, and takes none of A's.
-    assert (await batcher.submit([500], key="B")).results == [1000]
+    assert (await batcher.submit([500], key="B", express=True)).results == [1000]
     assert compute.calls == [[1000], [500]]
     assert batcher.depth == 8
     assert [e for e in events.heard if e[0] == "express"] == [("express", 1, None)]
@@ -321,15 +321,33 @@ async def test_the_express_lane_computes_a_quiet_key_beside_a_floods_batch() -> 
     await batcher.close()
 
 
+async def test_the_express_lane_leaves_a_request_its_caller_did_not_judge_quiet() -> None:
+    compute, clock = Doubler(), Clock()
+    batcher = express_batcher(compute, clock)
+    held = await held_on(compute, batcher, 1000, key="A")
+    # B was served less than A lately, but its gateway had a backlog of B's calls (two tenants
+    # evenly busy): it waits for the regular worker instead of computing alone beside A's.
+    busy = asyncio.create_task(batcher.submit([500], key="B"))
+    await until(lambda: batcher.depth == 1)
+    assert batcher.busy_workers == 1 and compute.calls == [[1000]]
+    # A request judged quiet, of a third key, still takes the lane past B's in the queue.
+    assert (await batcher.submit([600], key="C", express=True)).results == [1200]
+    assert compute.calls == [[1000], [600]] and batcher.depth == 1
+    compute.release(1000)
+    assert (await busy).results == [1000]
+    await held
+    await batcher.close()
+
+
 async def test_the_express_lane_takes_only_a_key_served_less_lately_than_the_one_in_compute(
 ) -> None:
     compute, clock = Doubler(), Clock()
     batcher = express_batcher(compute, clock)
     held = await held_on(compute, batcher, 1000, key="A")  # A served 10 tokens
-    assert (await batcher.submit([500], key="B")).results == [1000]  # B behind: the lane
+    assert (await batcher.submit([500], key="B", express=True)).results == [1000]  # the lane
     # B has now been served as much as A lately: no longer quiet beside it, so its next
     # request waits for the regular worker instead of always cutting ahead of A's batches.
-    second = asyncio.create_task(batcher.submit([501], key="B"))
+    second = asyncio.create_task(batcher.submit([501], key="B", express=True))
     await until(lambda: batcher.depth == 1)
     assert batcher.busy_workers == 1 and compute.calls == [[1000], [500]]
     compute.release(1000)
@@ -338,7 +356,7 @@ async def test_the_express_lane_takes_only_a_key_served_less_lately_than_the_one
     # Two windows on, what was served is forgotten: behind A's new batch again, B is quiet.
     clock.now += 2.0
     held = await held_on(compute, batcher, 2000, key="A")
-    assert (await batcher.submit([502], key="B")).results == [1004]
+    assert (await batcher.submit([502], key="B", express=True)).results == [1004]
     assert compute.calls == [[1000], [500], [501], [2000], [502]]
     compute.release(2000)
     await held
@@ -398,10 +416,10 @@ async def test_the_express_lane_is_one_worker_counted_busy_and_waited_for_on_clo
     compute, clock = Doubler(), Clock()
     batcher = express_batcher(compute, clock)
     held = await held_on(compute, batcher, 1000, key="A")
-    quiet = await held_on(compute, batcher, 2000, key="B")
+    quiet = await held_on(compute, batcher, 2000, key="B", express=True)
     assert batcher.busy_workers == 2
     # Both busy: a third key waits for whichever frees first (here the lane).
-    third = asyncio.create_task(batcher.submit([3], key="C"))
+    third = asyncio.create_task(batcher.submit([3], key="C", express=True))
     await until(lambda: batcher.depth == 1)
     compute.release(2000)
     await asyncio.gather(quiet, third)
@@ -440,7 +458,7 @@ async def test_regular_workers_run_nice_steps_below_the_loop_and_the_express_lan
     # The lane has not been used: a lone key's batch keeps the loop's priority.
     held = await held_on(compute, batcher, 1000, key="A")
     # B's request takes the lane, at the loop's priority, beside A's batch.
-    assert (await batcher.submit([5], key="B")).results == [10]
+    assert (await batcher.submit([5], key="B", express=True)).results == [10]
     follow = asyncio.create_task(batcher.submit([6], key="A"))
     await until(lambda: batcher.depth == 1)
     compute.release(1000)
@@ -487,10 +505,10 @@ async def test_a_compute_error_in_the_express_lane_reaches_its_callers_and_frees
     held = await held_on(compute, batcher, 1000, key="A")
     compute.fail_on = 13
     with pytest.raises(ValueError, match="poisoned"):
-        await batcher.submit([13], key="B")
+        await batcher.submit([13], key="B", express=True)
     assert batcher.busy_workers == 1  # the lane is free again: the next quiet call takes it
     compute.fail_on = None
-    assert (await batcher.submit([4], key="C")).results == [8]
+    assert (await batcher.submit([4], key="C", express=True)).results == [8]
     assert compute.calls == [[1000], [13], [4]]
     compute.release(1000)
     await held

@@ -25,10 +25,10 @@ class Feed:
         self.seq = 0
 
     def push(self, *names: str, key: str = "", level: int = 0, size: int = 10,
-             deadline: float = 100.0, now: float = 0.0) -> Ticket:
+             deadline: float = 100.0, now: float = 0.0, express: bool = False) -> Ticket:
         self.seq += 1
         req = Ticket(len(names), level=level, key=key, deadline=deadline, enqueued=now,
-                     seq=self.seq)
+                     seq=self.seq, express=express)
         self.queue.push(req, list(names), lambda _: size)
         return req
 
@@ -369,13 +369,15 @@ def test_an_express_take_skips_the_keys_in_compute_at_their_level_and_every_lowe
 ) -> None:
     queue = make_queue()
     feed = Feed(queue)
-    feed.push("a1", "a2", key="A", level=1)
-    feed.push("b1", key="B", level=1)
-    feed.push("c1", key="C", level=2)
+    feed.push("a1", "a2", key="A", level=1, express=True)
+    feed.push("b1", key="B", level=1, express=True)
+    feed.push("d1", key="D", level=1)  # not judged quiet by its caller
+    feed.push("c1", key="C", level=2, express=True)
     feed.push("h1", key="A", level=0)
     # The regular batch in compute starts at level 1 (0-based) and holds key A.
     batch, _ = queue.take(0.0, 8, CostModel(), below=1, exclude=frozenset({"A"}))
-    assert names(batch) == ["h1", "b1"]  # A's level-0 item (better), B's; not A's, not C's
-    assert queue.depth == 3
+    # A's level-0 item (better: no judgement needed), B's; not A's, D's nor C's.
+    assert names(batch) == ["h1", "b1"]
+    assert queue.depth == 4
     assert queue.take(0.0, 8, CostModel(), below=1, exclude=frozenset({"A"}))[0] == []
-    assert names(queue.take(0.0, 8, CostModel())[0]) == ["a1", "a2", "c1"]
+    assert names(queue.take(0.0, 8, CostModel())[0]) == ["d1", "a1", "a2", "c1"]  # D: fewer waiting

@@ -242,6 +242,15 @@ class Admission:
         weights = sum(self._weight(t) for t in tenants)
         return mine * weights < total * weight
 
+    def quiet(self, tenant: str, priority: Priority = INTERACTIVE) -> bool:
+        """``express``: whether a call of ``tenant`` goes to the backend marked for its express
+        lane (schedule.py ``express``): an interactive call of a tenant whose last call got a
+        slot at once. A tenant with calls queued here (a flood, or two tenants evenly busy
+        past the limit) is not quiet: the backend would compute its texts alone beside the
+        other's batch, at ~1.3x a text's share of a batch on a CPU."""
+        return (self._express and tenant not in self._backlogs
+                and self._class(tenant, priority)[1] == INTERACTIVE)  # a batch tenant's: never
+
     def refuse_early(self, tenant: str, deadline: float) -> Overloaded | None:
         """Why an interactive request of ``tenant`` would be shed, judged early (after its
         parse, before its policy, keys and lookups) by the decision ``acquire`` would make now

@@ -45,8 +45,10 @@ class AdmissionSettings:
     slots that took less than its weighted share of the tier's calls in the last two seconds,
     its own slots then bounded by its share of ``tier_concurrency``. Such a backend computes
     that call beside the batch in compute; without this, a quiet tenant beside a flood waits
-    in the gateway whenever the learned limit falls below the flood's slots
-    (docs/SCHEDULING.md)."""
+    in the gateway whenever the learned limit falls below the flood's slots. An interactive
+    call of a tenant whose last call got a slot at once goes with the OIP parameter
+    ``express: true`` (``Admission.quiet``), the only calls at the batch's own level the lane
+    takes: a flood, or two tenants evenly busy, queue here and do not (docs/SCHEDULING.md)."""
     adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)
     """The adaptive concurrency limit per tier (gateway/upstream/admission/adaptive.py), on by
     default: the calls in flight follow what the backends can use, and the surplus waits in

@@ -535,3 +535,30 @@ async def test_with_express_a_tenant_quiet_by_its_share_of_the_calls_overlaps_it
         slot.release()
     (await second).release()
     assert admission.inflight("zone") == 0 and admission.queue_depth("zone") == 0
+
+
+async def test_with_express_a_call_is_sent_quiet_only_while_its_tenants_last_got_a_slot_at_once(
+) -> None:
+    """``quiet`` (what the client sends the backend as ``express``): a tenant whose calls
+    queue here (a flood, or two tenants evenly busy past the limit) is not, until a call of
+    its gets a slot at once again; batch-class calls never are; without ``express``, nobody."""
+    from gateway.upstream.admission.fairqueue import BATCH
+
+    off = Admission(AdmissionSettings(tier_concurrency=1, tier_queue=10, adaptive=FIXED))
+    assert not off.quiet("a")
+    admission = Admission(AdmissionSettings(tier_concurrency=1, tier_queue=10, express=True,
+                                            max_wait_factor=0.0, adaptive=FIXED),
+                          share=lambda t: (1.0, BATCH if t == "bulk" else "interactive"))
+    assert admission.quiet("a") and admission.quiet("b")
+    assert not admission.quiet("a", BATCH) and not admission.quiet("bulk")
+    first = await admission.acquire("zone", deadline=later(60), tenant="a")  # at once
+    assert admission.quiet("a")
+    second = asyncio.create_task(admission.acquire("zone", deadline=later(60), tenant="a"))
+    await asyncio.sleep(0)
+    assert admission.queue_depth("zone") == 1
+    assert not admission.quiet("a") and admission.quiet("b")  # a's backlog, not b's
+    first.release()
+    (await second).release()
+    assert not admission.quiet("a")  # its last call had to queue
+    (await admission.acquire("zone", deadline=later(60), tenant="a")).release()  # at once
+    assert admission.quiet("a")

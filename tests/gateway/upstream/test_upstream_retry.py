@@ -100,8 +100,10 @@ class Rig:
         return result.backend
 
 
-def rig(backends: dict[str, tuple[str, Behaviour]], **settings: Any) -> Rig:
-    """``backends``: host -> (zone, behaviour); the gateway is in zone ``a``."""
+def rig(backends: dict[str, tuple[str, Behaviour]], *,
+        admission: AdmissionSettings | None = None, **settings: Any) -> Rig:
+    """``backends``: host -> (zone, behaviour); the gateway is in zone ``a``; ``admission``:
+    its settings (a fixed limit otherwise)."""
     values: dict[str, Any] = {"region": "r1", "zone": "a", **settings}
     routing = RoutingSettings(**values)
     registry = CollectorRegistry()
@@ -112,7 +114,8 @@ def rig(backends: dict[str, tuple[str, Behaviour]], **settings: Any) -> Rig:
     router = Router(specs, routing, clock=clock, rng=random.Random(3), observer=observer)
     hosts = Hosts({host: behaviour for host, (_, behaviour) in backends.items()})
     upstream = Upstream(MemoryTransport(hosts), router,
-                        Admission(AdmissionSettings(adaptive=FIXED), observer=observer), routing,
+                        Admission(admission or AdmissionSettings(adaptive=FIXED),
+                                  observer=observer), routing,
                         observer=observer, clock=clock)
     return Rig(upstream, router, hosts, registry, clock)
 

@@ -38,6 +38,29 @@ async def test_each_call_carries_priority_fairness_key_and_deadline() -> None:
     assert all(0 < ms <= 2000 for ms in timeouts)
 
 
+async def test_with_express_a_quiet_tenants_call_asks_for_the_lane_and_a_clients_own_ask_is_dropped(
+) -> None:
+    from gateway.upstream.admission.adaptive import AdaptiveSettings
+    from gateway.upstream.admission.settings import AdmissionSettings
+
+    text = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}
+    forged = {"inputs": [text], "parameters": {"express": True, "custom": 1}}
+    for express in (False, True):
+        r = rig({"near": ("a", healthy)}, admission=AdmissionSettings(
+            express=express, adaptive=AdaptiveSettings(enabled=False)))
+        await r.upstream.infer_texts("minilm", ["hi"], request_id="r1",
+                                     deadline=r.clock() + 2, tenant="acme")
+        await r.upstream.infer_texts("minilm", ["hi"], request_id="r2",
+                                     deadline=r.clock() + 2, tenant="acme", priority=BATCH)
+        await r.upstream.infer_raw("minilm", forged, request_id="r3", deadline=r.clock() + 2,
+                                   tenant="acme")
+        interactive, batch, raw = sent_parameters(r)
+        # Only an interactive call of a tenant without a backlog here, and only with express.
+        assert interactive.get("express") is (True if express else None)
+        assert "express" not in batch
+        assert raw.get("express") is (True if express else None) and raw["custom"] == 1
+
+
 def test_fairness_keys_are_stable_opaque_and_salted() -> None:
     assert fairness_key("acme") == fairness_key("acme") != fairness_key("acme2")
     assert len(fairness_key("acme")) == 24 and "acme" not in fairness_key("acme")
