@@ -124,6 +124,10 @@ async def test_scheduling_parameters_stay_out_of_the_key(gateway: GatewayFactory
     again = await client.post("/v2/models/minilm/infer", json=infer_body(
         ["sched key"], parameters={"priority": 3, "timeout": 900_000_000}))
     assert again.headers["X-Cache"] == "HIT"
+    # A client's own ``express`` (the gateway's to send) is dropped: no key of its own either.
+    asked = await client.post("/v2/models/minilm/infer", json=infer_body(
+        ["sched key"], parameters={"express": True}))
+    assert asked.headers["X-Cache"] == "HIT"
 
 
 async def test_a_bad_scheduling_parameter_is_422(gateway: GatewayFactory) -> None:
