@@ -20,7 +20,10 @@ bound sheds interactive requests at once, and those fast 503s would count agains
 round:
 
 1. C: closed-loop capacity for short texts through the gateway, in 2xx answers per second
-   (tenant a, the connection count found in the warm-up).
+   (tenant a, the connection count found in the warm-up). Then the same closed loop with
+   tenants a and b in turn, request by request ("evenly busy"): (A + B) 2xx/s over C, the
+   capacity an express set-up (``BACKEND_EXPRESS_LANE``, ``admission.express``) must not
+   cost two busy tenants; an extra row, not one of the issue's targets.
 2. Noisy neighbour, as the issue sets it: B alone at 0.3 C (open loop), then A as a closed
    loop on ``--flood-clients`` (64) connections in a process of its own
    (``bench/sched_flood.py``: every answer, 503 included, followed at once by the next
@@ -65,6 +68,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -77,6 +81,7 @@ from bench.procs import Cores, Service, busy_seconds, pinned, split_cores, steal
 from bench.sched_report import (
     BATCH,
     BULK_OPEN,
+    EVEN,
     LOAD_07,
     NOISY,
     NOISY_OPEN,
@@ -206,6 +211,11 @@ def flood_in_window(rows: Sequence[Sequence[float]], stamp: float, start: float,
             for i, sent, lat, status in rows if start <= stamp + sent + lat <= end]
 
 
+def even(index: int) -> str:
+    """The evenly busy phase's tenant of request ``index``: a and b in turn."""
+    return "ab"[index % 2]
+
+
 def merged_tenant(index: int) -> str:
     """Tenant of a sample in a merged phase: A's from ``A_INDEX`` up, B's below."""
     return "a" if index >= A_INDEX else "b"
@@ -282,20 +292,44 @@ class Runner:
                merge: Callable[[openloop.Result, float], LoadResult] | None = None) -> Phase:
         """An open-loop phase; ``flood``: a process whose CPU is the test's, not "other";
         ``merge``: adds samples to B's (A's closed loop), given the perf_counter at start."""
+        return self._measured(name, rnd, rate, tenant_of,
+                              lambda: self._open_loop(tag, rate, tenant_of, realtime),
+                              flood=flood, merge=merge)
+
+    def evenly(self, rnd: int, clients: int) -> Phase:
+        """Tenants a and b evenly busy: C's closed loop (``clients`` connections) with the
+        requests alternating between them. What an express set-up must not cost: the two
+        are served as one tenant would be (``offered`` nan: a closed loop)."""
+        json_h = {t: {"Content-Type": "application/json", **headers(t)} for t in "ab"}
+        tag = f"e{rnd}"
+
+        def run() -> LoadResult:
+            return loadgen.run(loadgen.run_closed(
+                lambda i: Request(url=self.url, body=short(tag, i), headers=json_h[even(i)]),
+                requests=100_000, concurrency=clients, max_duration_s=self.plan.duration_s))
+
+        return self._measured(f"A and B evenly busy (closed loop, {clients} conn, "
+                              "alternating)", rnd, math.nan, even, run)
+
+    def _measured(self, name: str, rnd: int, offered: float, tenant_of: Callable[[int], str],
+                  run: Callable[[], Any], *, flood: Service | None = None,
+                  merge: Callable[[openloop.Result, float], LoadResult] | None = None
+                  ) -> Phase:
+        """A phase's load (``run``) with the CPU read around it (see ``opened``)."""
         split0 = self._split_start()
         steal0, busy0, own0 = steal_seconds(), busy_seconds(), time.process_time()
         ours0, helpers0 = self._ours(), self._helpers(flood)
         start = time.perf_counter()
-        opened = self._open_loop(tag, rate, tenant_of, realtime)
-        wall = max(opened.wall_s, 1e-9)
+        loaded = run()
+        wall = max(loaded.wall_s, 1e-9)
         ours = self._ours() - ours0
-        split = self._split_end(split0, opened)
+        split = self._split_end(split0, loaded)
         other = (busy_seconds() - busy0 - ours - (self._helpers(flood) - helpers0)
                  - (time.process_time() - own0))
-        result = merge(opened, start) if merge is not None else opened
+        result = merge(loaded, start) if merge is not None else loaded
         # A's answers in B's window count too (the CPU was read over that window).
         self.splits[name] = dataclasses.replace(split, answers=len(result.ok))
-        return Phase(name, rnd, rate, result, tenant_of, (steal_seconds() - steal0) / wall,
+        return Phase(name, rnd, offered, result, tenant_of, (steal_seconds() - steal0) / wall,
                      ours / wall, max(0.0, other) / wall)
 
     def flooded(self, name: str, rnd: int, tag: str, rate: float) -> Phase:
@@ -402,6 +436,7 @@ class Runner:
         c, self.splits["C: closed loop"] = self.measured_c(rnd, clients)
         r = Round(rnd, c, cores=self.splits)
         ph = r.phases
+        ph[EVEN] = self.evenly(rnd, clients)
         ph[QUIET_03] = self.opened("B alone at 0.3x C", rnd, f"q{rnd}", 0.3 * c,
                                    lambda i: "b", realtime=True)
         ph[NOISY] = self.flooded(f"A closed loop ({self.plan.flood_clients} conn) + B at "

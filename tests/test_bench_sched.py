@@ -24,6 +24,7 @@ from bench.procs import split_cores
 from bench.sched_report import (
     BATCH,
     BULK_OPEN,
+    EVEN,
     LOAD_07,
     NOISY,
     NOISY_OPEN,
@@ -209,6 +210,8 @@ def a_round(*, extra: bool) -> Round:
         OVERLOAD: phase("A 3x", lambda i: "a", [(200, 40.0)] * 50 + [(503, 1.0)] * 50),
     }
     if extra:
+        even = phase("A and B evenly busy", sched.even, [(200, 10.0)] * 96 + [(503, 1.0)] * 4)
+        r.phases[EVEN] = dataclasses.replace(even, offered=math.nan)
         r.phases[NOISY_OPEN] = phase("A open + B", lambda i: "b" if i % 10 == 0 else "a",
                                      [(200, 25.0)] * 100)
         r.phases[BULK_OPEN] = phase("B + bulk", lambda i: "b" if i % 2 else "bulk",
@@ -242,6 +245,10 @@ def test_the_report_computes_the_issues_targets_from_its_set_up() -> None:
     assert "| Extra, bulk open loop: B p99 / B alone | 3.000 | <= 1.5 | NO |" in extra
     assert "| Extra, bulk open loop: batch lines/s / (C - 0.6 C) | 1.250 | >= 0.6 | yes |" \
         in extra
+    # 96 of 100 answered in the phase's second, a and b in turn, against C = 100
+    assert "| Extra, A and B evenly busy: (A + B) 2xx/s / C | 0.960 | >= 0.95 | yes |" in extra
+    assert "| 1 | A and B evenly busy | closed | a | 50 | 48 |" in text
+    assert "| 1 | A and B evenly busy | closed | b | 50 | 48 |" in text
     assert "Noisy (A closed loop)" not in extra
     assert "16 connections." in text  # C's connection count, said
     assert ("| 1 | 10000 | 32 | 300 | 0 | 10.0 | 30.0 | 40.0 | 0.750 | cancelled "
@@ -375,6 +382,23 @@ def test_the_noisy_phase_puts_as_answers_in_a_and_bs_in_b(
     split = runner.splits["noisy"]
     assert split.answers == len(b)  # A's were all 503 here
     assert (split.texts, split.batches, split.texts_per_batch) == (30.0, 15.0, 2.0)
+
+
+def test_the_evenly_busy_phase_is_cs_closed_loop_with_a_and_b_in_turn(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = sched.parse(["--duration", "0.5"])
+    monkeypatch.setattr(sched, "_batches", lambda backend: (0.0, 0.0))
+    idle = SimpleNamespace(service=SimpleNamespace(cpu_seconds=lambda: 0.0))
+    with _Tenants() as fake:
+        gateway = SimpleNamespace(host="127.0.0.1", port=fake.port,
+                                  url=f"http://127.0.0.1:{fake.port}", service=idle.service)
+        runner = sched.Runner(plan, gateway, idle, idle, None, tmp_path)  # type: ignore[arg-type]
+        even = runner.evenly(1, clients=4)
+    a, b = even.of("a"), even.of("b")
+    assert {s.status for s in a} == {503} and {s.status for s in b} == {200}  # by key
+    assert abs(len(a) - len(b)) <= 1 and fake.seen["a"] == len(a) and fake.seen["b"] == len(b)
+    assert math.isnan(even.offered) and even.result.mode == "closed"
+    assert runner.splits[even.name].answers == len(b)
 
 
 def test_a_phases_core_split_counts_the_merged_answers(
