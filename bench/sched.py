@@ -150,7 +150,8 @@ def parse(argv: Sequence[str]) -> Plan:
                         help="A's load / C in the extra open-loop noisy phase (3)")
     parser.add_argument("--burst", type=int, default=300, help="long texts at once (300)")
     parser.add_argument("--no-extra", action="store_true",
-                        help="skip the extra open-loop variants (A at --flood x C, bulk at 1 C)")
+                        help="skip the extra open-loop variants (A at --flood x C, bulk at 1 C; "
+                             "the evenly busy phase still runs)")
     parser.add_argument("--models", default="models", help="model repository (models)")
     parser.add_argument("--quick", action="store_true", help="1 round of 2 s phases")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
