@@ -118,7 +118,7 @@ class NodeWriter:
             self._draining = True
         if start:
             if later is not None:
-                later.call_soon(self._start_drain)
+                later.call_later(0.02, self._start_drain)
             else:
                 self._writer.submit(self._drain)
 
