@@ -123,6 +123,8 @@ class NodeCache(NodeWriter):
         self._queue: list[_Job] = []
         self._queued_items = 0
         self._draining = False
+        self._write_delay_s = settings.write_delay_ms / 1000.0
+        self._timer: asyncio.TimerHandle | None = None  # a delayed drain (on the loop)
         self._pending: set[asyncio.Future[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None  # where unawaited writes report
         self._unreported = 0  # unawaited writes queued whose report has not reached the loop
@@ -244,6 +246,7 @@ class NodeCache(NodeWriter):
 
     async def flush(self) -> None:
         """Wait for every write queued so far (and count what the unawaited ones did)."""
+        self._drain_now()  # not after the write delay
         while self._pending or self._unreported:
             if self._pending:
                 await asyncio.gather(*list(self._pending), return_exceptions=True)

@@ -2,7 +2,8 @@
 
 ``NodeWriter`` is the base ``NodeCache`` (node.py) builds on: ``_enqueue`` queues a write from
 the event loop (bounded by ``MAX_QUEUED`` entries), ``_drain`` runs on the writer thread and
-merges consecutive writes into one transaction, ``_write_retrying`` frees room on a full map
+merges consecutive writes into one transaction (a background write waits
+``cache.node.write_delay_ms`` for others to share it), ``_write_retrying`` frees room on a full map
 (rotating the generations) and tries again, and every ``READER_CHECK_S`` the thread frees the
 reader slots of processes that died mid-read.
 """
@@ -92,6 +93,8 @@ class NodeWriter:
     _draining: bool
     _last_reader_check: float
     _closed: bool
+    _write_delay_s: float
+    _timer: asyncio.TimerHandle | None
 
     def _wrote(self, report: Background) -> None:
         """Writer thread: the outcome of unawaited writes (``NodeCache`` sets it)."""
@@ -105,8 +108,11 @@ class NodeWriter:
     def _put(self, op: str, args: Any, items: int, fut: Future[Any] | None,
              later: asyncio.AbstractEventLoop | None = None) -> None:
         """Queue a job; the writer thread is started when it is not draining already. With
-        ``later`` (a background write from the loop) it is started on that loop's next turn:
-        woken now, the writer (on the same core) would run ahead of the answer being sent."""
+        ``later`` (a background write from the loop) it is started on that loop after
+        ``_write_delay_s`` (0: its next turn): woken now, the writer (on the same core) would run
+        ahead of the answer being sent, and the writes of the misses that come meanwhile
+        share its transaction (``cache.node.write_delay_ms``). A job someone awaits starts
+        a delayed drain at once."""
         if self._closed:
             raise RuntimeError("node cache is closed")
         with self._lock:
@@ -117,12 +123,25 @@ class NodeWriter:
             start = not self._draining
             self._draining = True
         if start:
-            if later is not None:
-                later.call_later(0.02, self._start_drain)
-            else:
+            if later is None:
                 self._writer.submit(self._drain)
+            elif self._write_delay_s > 0:
+                self._timer = later.call_later(self._write_delay_s, self._start_drain)
+            else:
+                later.call_soon(self._start_drain)
+        elif fut is not None:
+            self._drain_now()
+
+    def _drain_now(self) -> None:
+        """A drain waiting for the write delay starts now (on the loop: an awaited job, a
+        ``flush``)."""
+        timer = self._timer
+        if timer is not None and not timer.cancelled():
+            timer.cancel()
+            self._start_drain()
 
     def _start_drain(self) -> None:
+        self._timer = None
         try:
             self._writer.submit(self._drain)
         except RuntimeError as exc:  # shut down meanwhile: what was queued fails, as a write

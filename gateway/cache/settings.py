@@ -72,6 +72,12 @@ class NodeCacheSettings:
     gateway/cache/nodesampled.py) or ``generations`` (two rotating generations, the layout
     before 2026-12-05; gateway/cache/nodestore.py). Switching starts the directory empty."""
 
+    write_delay_ms: float = 20.0
+    """How long a miss's write to this tier waits for the writes of other misses, to share one
+    LMDB transaction with them (the writer thread's Python, the page writes and the hand-offs
+    of the interpreter lock are per transaction); another worker sees the entry that much
+    later. 0: each write starts the writer on the event loop's next turn."""
+
     def directory(self, tag: str) -> str:
         """The directory to open: ``path``, else the default root + the deployment's tag."""
         return self.path if self.path is not None else str(Path(default_node_path()) / tag)
@@ -86,6 +92,7 @@ class NodeCacheSettings:
             check.label("deployment", self.deployment)
         check.at_least("max_bytes", self.max_bytes, MiB)
         check.positive("ttl_s", self.ttl_s)
+        check.between("write_delay_ms", self.write_delay_ms, 0.0, 1000.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

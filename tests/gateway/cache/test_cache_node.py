@@ -21,6 +21,7 @@ from gateway.cache.nodesampled import SampledStore
 from gateway.cache.nodestore import encode_key, pack
 from gateway.cache.settings import NodeCacheSettings, default_node_path
 from gateway.telemetry.observer import NullObserver
+from gateway.validation import SettingsError
 
 MiB = 1024 * 1024
 
@@ -385,14 +386,15 @@ def test_default_node_path_is_per_deployment(monkeypatch: pytest.MonkeyPatch,
     assert NodeCacheSettings(path="/srv/node").directory("0123abcd") == "/srv/node"
 
 
-async def test_a_background_write_wakes_the_writer_on_the_next_loop_turn(
+async def test_without_a_write_delay_a_background_write_wakes_the_writer_on_the_next_loop_turn(
     open_node: Factory,
 ) -> None:
     """The writer thread shares the core with the loop: woken at once, it would run its
     transaction ahead of the answer the loop is about to send. ``store_nowait`` queues the
-    write at once (``flush`` and later writes see it) and starts the writer a turn later."""
+    write at once (``flush`` and later writes see it) and, with ``write_delay_ms: 0``, starts
+    the writer a turn later."""
     rec = Recorder()
-    node = open_node(observer=rec)
+    node = open_node(observer=rec, write_delay_ms=0)
     started: list[object] = []
     submit = node._writer.submit
 
@@ -411,6 +413,69 @@ async def test_a_background_write_wakes_the_writer_on_the_next_loop_turn(
     await node.flush()
     assert await node.get_many([k("a")]) == [a]
     assert rec.counts[("node", "stored")] == 2
+
+
+def recorded_submits(node: NodeCache) -> list[object]:
+    """What the node hands its writer thread, in order (each a drain: one or more
+    transactions of what was queued when it ran)."""
+    started: list[object] = []
+    submit = node._writer.submit
+
+    def recording(fn: Any, *args: Any) -> Any:
+        started.append(fn)
+        return submit(fn, *args)
+
+    node._writer.submit = recording  # type: ignore[method-assign]
+    return started
+
+
+async def test_background_writes_within_the_write_delay_share_one_transaction(
+    open_node: Factory,
+) -> None:
+    """A background write starts the writer ``write_delay_ms`` later; the writes of the
+    misses that come meanwhile join it: one drain, one transaction. ``flush`` and an awaited
+    job do not wait for the delay."""
+    rec = Recorder()
+    node = open_node(observer=rec, write_delay_ms=100)
+    started = recorded_submits(node)
+    writes: list[int] = []
+    write = node._store.write
+
+    def counting(puts: Any, *args: Any, **kw: Any) -> Any:
+        writes.append(len(puts))
+        return write(puts, *args, **kw)
+
+    node._store.write = counting  # type: ignore[method-assign]
+    now = time.time()
+    for name in "abc":
+        node.store_nowait([(k(name), entry(name.encode(), now))])
+        await asyncio.sleep(0.01)
+    assert started == [] and writes == []  # within the delay: nothing ran yet
+    for _ in range(100):  # bounded: the delay is 0.1 s
+        await asyncio.sleep(0.01)
+        if writes:
+            break
+    assert len(started) == 1 and writes == [3]  # one drain, one transaction of three
+    await node.flush()
+    assert rec.counts[("node", "stored")] == 3
+    # flush() starts a waiting drain at once (a 30 s delay would outlast the bound).
+    slow = open_node(observer=Recorder(), path=str(Path(node.path).parent / "slow"),
+                     write_delay_ms=1000)
+    slow.store_nowait([(k("d"), entry(b"D", now))])
+    await asyncio.wait_for(slow.flush(), timeout=0.9)
+    assert await slow.get_many([k("d")]) != [None]
+    # So does a job someone awaits (a delete), queued behind a waiting background write.
+    slow.store_nowait([(k("e"), entry(b"E", now))])
+    assert await asyncio.wait_for(slow.delete_many([k("d")]), timeout=0.9) == 1
+    await asyncio.wait_for(slow.flush(), timeout=0.9)
+    assert await slow.get_many([k("d"), k("e")]) == [None, entry(b"E", now)]
+
+
+def test_the_write_delay_is_checked() -> None:
+    assert NodeCacheSettings().write_delay_ms == 20.0
+    for bad in (-1, 1001, "5", True):
+        with pytest.raises(SettingsError, match="write_delay_ms"):
+            NodeCacheSettings(write_delay_ms=bad)  # type: ignore[arg-type]
 
 
 async def test_a_background_write_is_counted_at_the_metrics_flush_without_waking_the_loop(
