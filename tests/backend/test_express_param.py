@@ -9,35 +9,27 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from bench.procs import Service, free_port
-from tests.backend.serving import metric
-from tests.backend.test_schedule_params import LONG, grpc_input, http_input
+from tests.backend.test_schedule_params import (
+    Servers,
+    grpc_input,
+    http_input,
+    low_priority_backlog,
+)
 
 pytestmark = pytest.mark.model
 
-BACKLOG = 48  # long texts at max batch 4: 12 batches, seconds of work on any machine
-
-
-class Lane:
-    def __init__(self, rest: str, grpc: str) -> None:
-        self.rest, self.grpc = rest, grpc
-
-    def metric(self, name: str, **labels: str) -> float:
-        return metric(httpx.get(f"http://{self.rest}/metrics", timeout=10).text, name, **labels)
-
 
 @pytest.fixture(scope="module")
-def lane(models_dir: Path) -> Iterator[Lane]:
+def lane(models_dir: Path) -> Iterator[Servers]:
     port, grpc_port = free_port(), free_port()
     argv = [sys.executable, "-m", "backend", "serve", "--models", str(models_dir),
             "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port),
@@ -45,48 +37,14 @@ def lane(models_dir: Path) -> Iterator[Lane]:
     env = {**os.environ, "BACKEND_EXPRESS_LANE": "1"}
     with Service("backend-express", argv, env=env) as server:
         server.wait_http(f"http://127.0.0.1:{port}/v2/health/ready", timeout_s=180)
-        yield Lane(f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}")
-
-
-class busy_key:  # a context manager, named for how it reads
-    """Key A's REST request of ``BACKLOG`` long texts at the default priority; entered once
-    its backlog is queued."""
-
-    def __init__(self, lane: Lane) -> None:
-        self.lane = lane
-        self.status: int | None = None
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._send, daemon=True)
-
-    def _send(self) -> None:
-        body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [BACKLOG],
-                            "data": [LONG] * BACKLOG}], "parameters": {"fairness_key": "A"}}
-        try:
-            self.status = httpx.post(f"http://{self.lane.rest}/v2/models/minilm/infer",
-                                     json=body, timeout=300).status_code
-        finally:
-            self.done.set()
-
-    def __enter__(self) -> busy_key:
-        self.thread.start()
-        for _ in range(2000):  # bounded: ~20 s
-            if sum(self.lane.metric("backend_pending_requests", model="minilm",
-                                    priority=str(p)) for p in (1, 2, 3)) > 0:
-                return self
-            if self.done.is_set():
-                break
-            threading.Event().wait(0.01)
-        raise AssertionError("key A's request never built a backlog")
-
-    def __exit__(self, *exc: object) -> None:
-        self.thread.join(300)
-        assert self.status == 200
+        yield Servers(f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}")
 
 
 def test_a_request_judged_quiet_takes_the_lane_over_http_and_grpc_and_one_not_waits(
-        lane: Lane) -> None:
+        lane: Servers) -> None:
     before = lane.metric("backend_express_items_total", model="minilm")
-    with busy_key(lane) as backlog:
+    # Key A's long backlog at the default priority: the regular worker is busy with it.
+    with low_priority_backlog(lane, {"fairness_key": "A"}) as backlog:
         with httpclient.InferenceServerClient(lane.rest) as rest:
             result: Any = rest.infer("minilm", [http_input(["quiet over http"])],
                                      parameters={"fairness_key": "B", "express": True})

@@ -386,35 +386,6 @@ def test_default_node_path_is_per_deployment(monkeypatch: pytest.MonkeyPatch,
     assert NodeCacheSettings(path="/srv/node").directory("0123abcd") == "/srv/node"
 
 
-async def test_without_a_write_delay_a_background_write_wakes_the_writer_on_the_next_loop_turn(
-    open_node: Factory,
-) -> None:
-    """The writer thread shares the core with the loop: woken at once, it would run its
-    transaction ahead of the answer the loop is about to send. ``store_nowait`` queues the
-    write at once (``flush`` and later writes see it) and, with ``write_delay_ms: 0``, starts
-    the writer a turn later."""
-    rec = Recorder()
-    node = open_node(observer=rec, write_delay_ms=0)
-    started: list[object] = []
-    submit = node._writer.submit
-
-    def recording(fn: Any, *args: Any) -> Any:
-        started.append(fn)
-        return submit(fn, *args)
-
-    node._writer.submit = recording  # type: ignore[method-assign]
-    now = time.time()
-    a = entry(b"A", now)
-    node.store_nowait([(k("a"), a)])
-    node.store_nowait([(k("b"), entry(b"B", now))])  # joins the queued job: one wake-up
-    assert started == []  # nothing runs before this step of the loop ends
-    await asyncio.sleep(0)
-    assert len(started) == 1
-    await node.flush()
-    assert await node.get_many([k("a")]) == [a]
-    assert rec.counts[("node", "stored")] == 2
-
-
 def recorded_submits(node: NodeCache) -> list[object]:
     """What the node hands its writer thread, in order (each a drain: one or more
     transactions of what was queued when it ran)."""
@@ -427,6 +398,28 @@ def recorded_submits(node: NodeCache) -> list[object]:
 
     node._writer.submit = recording  # type: ignore[method-assign]
     return started
+
+
+async def test_without_a_write_delay_a_background_write_wakes_the_writer_on_the_next_loop_turn(
+    open_node: Factory,
+) -> None:
+    """The writer thread shares the core with the loop: woken at once, it would run its
+    transaction ahead of the answer the loop is about to send. ``store_nowait`` queues the
+    write at once (``flush`` and later writes see it) and, with ``write_delay_ms: 0``, starts
+    the writer a turn later."""
+    rec = Recorder()
+    node = open_node(observer=rec, write_delay_ms=0)
+    started = recorded_submits(node)
+    now = time.time()
+    a = entry(b"A", now)
+    node.store_nowait([(k("a"), a)])
+    node.store_nowait([(k("b"), entry(b"B", now))])  # joins the queued job: one wake-up
+    assert started == []  # nothing runs before this step of the loop ends
+    await asyncio.sleep(0)
+    assert len(started) == 1
+    await node.flush()
+    assert await node.get_many([k("a")]) == [a]
+    assert rec.counts[("node", "stored")] == 2
 
 
 async def test_background_writes_within_the_write_delay_share_one_transaction(
