@@ -8,7 +8,6 @@ order (the busy key's backlog still pending), never in timings."""
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from bench.procs import Service, free_port
 from tests.backend.test_schedule_params import (
     Servers,
     grpc_input,
     http_input,
     low_priority_backlog,
+    serving,
 )
 
 pytestmark = pytest.mark.model
@@ -30,14 +29,9 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def lane(models_dir: Path) -> Iterator[Servers]:
-    port, grpc_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "backend", "serve", "--models", str(models_dir),
-            "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port),
-            "--device", "cpu", "--max-batch-size", "4", "--log-level", "WARNING"]
-    env = {**os.environ, "BACKEND_EXPRESS_LANE": "1"}
-    with Service("backend-express", argv, env=env) as server:
-        server.wait_http(f"http://127.0.0.1:{port}/v2/health/ready", timeout_s=180)
-        yield Servers(f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}")
+    with serving(models_dir, "backend-express",
+                 {**os.environ, "BACKEND_EXPRESS_LANE": "1"}) as started:
+        yield started
 
 
 def test_a_request_judged_quiet_takes_the_lane_over_http_and_grpc_and_one_not_waits(

@@ -8,6 +8,7 @@ what the parameters change is then seen in order and counts, never in timings.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections.abc import Iterator
@@ -38,15 +39,23 @@ class Servers:
         return metric(httpx.get(f"http://{self.rest}/metrics", timeout=10).text, name, **labels)
 
 
-@pytest.fixture(scope="module")
-def servers(models_dir: Path) -> Iterator[Servers]:
+@contextlib.contextmanager
+def serving(models_dir: Path, name: str, env: dict[str, str] | None = None
+            ) -> Iterator[Servers]:
+    """A real backend (REST and gRPC, max batch 4) with ``env`` as its environment."""
     port, grpc_port = free_port(), free_port()
     argv = [sys.executable, "-m", "backend", "serve", "--models", str(models_dir),
             "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port),
             "--device", "cpu", "--max-batch-size", "4", "--log-level", "WARNING"]
-    with Service("backend-sched", argv) as server:
+    with Service(name, argv, env=env) as server:
         server.wait_http(f"http://127.0.0.1:{port}/v2/health/ready", timeout_s=180)
         yield Servers(f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}")
+
+
+@pytest.fixture(scope="module")
+def servers(models_dir: Path) -> Iterator[Servers]:
+    with serving(models_dir, "backend-sched") as started:
+        yield started
 
 
 class low_priority_backlog:  # a context manager, named for how it reads
