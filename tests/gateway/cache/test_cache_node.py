@@ -427,9 +427,10 @@ async def test_background_writes_within_the_write_delay_share_one_transaction(
 ) -> None:
     """A background write starts the writer ``write_delay_ms`` later; the writes of the
     misses that come meanwhile join it: one drain, one transaction. ``flush`` and an awaited
-    job do not wait for the delay."""
+    job do not wait for the delay. (Bounds, not timings: a delay far longer than the test's
+    waits, so a slow machine cannot make the timer fire early or the test pass late.)"""
     rec = Recorder()
-    node = open_node(observer=rec, write_delay_ms=100)
+    node = open_node(observer=rec, write_delay_ms=500)
     started = recorded_submits(node)
     writes: list[int] = []
     write = node._store.write
@@ -442,25 +443,25 @@ async def test_background_writes_within_the_write_delay_share_one_transaction(
     now = time.time()
     for name in "abc":
         node.store_nowait([(k(name), entry(name.encode(), now))])
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # a turn of the loop: a miss's write would start on it
     assert started == [] and writes == []  # within the delay: nothing ran yet
-    for _ in range(100):  # bounded: the delay is 0.1 s
+    for _ in range(1000):  # bounded: 10 s against a delay of 0.5 s
         await asyncio.sleep(0.01)
         if writes:
             break
     assert len(started) == 1 and writes == [3]  # one drain, one transaction of three
     await node.flush()
     assert rec.counts[("node", "stored")] == 3
-    # flush() starts a waiting drain at once (a 30 s delay would outlast the bound).
-    slow = open_node(observer=Recorder(), path=str(Path(node.path).parent / "slow"),
-                     write_delay_ms=1000)
+    # flush() starts a waiting drain at once: a 60 s delay would outlast the bound.
+    slow = open_node(observer=Recorder(), path=str(Path(node.path).parent / "slow"))
+    slow._write_delay_s = 60.0
     slow.store_nowait([(k("d"), entry(b"D", now))])
-    await asyncio.wait_for(slow.flush(), timeout=0.9)
+    await asyncio.wait_for(slow.flush(), timeout=20)
     assert await slow.get_many([k("d")]) != [None]
     # So does a job someone awaits (a delete), queued behind a waiting background write.
     slow.store_nowait([(k("e"), entry(b"E", now))])
-    assert await asyncio.wait_for(slow.delete_many([k("d")]), timeout=0.9) == 1
-    await asyncio.wait_for(slow.flush(), timeout=0.9)
+    assert await asyncio.wait_for(slow.delete_many([k("d")]), timeout=20) == 1
+    await asyncio.wait_for(slow.flush(), timeout=20)
     assert await slow.get_many([k("d"), k("e")]) == [None, entry(b"E", now)]
 
 
