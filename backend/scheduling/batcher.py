@@ -101,7 +101,6 @@ class DynamicBatcher(Generic[T, R]):
                                 if express and nice > 0 else None)
         self._nice_hold_s = nice_hold_s
         self._served = RecentService(clock) if express else None
-        self._by_tokens = self.policy.fair_by == "tokens"
         self._lane_at = -math.inf  # when the express lane's last batch began
         self._idle = workers  # regular workers idle
         # The express lane: one more worker, for what the regular ones' batches would make
@@ -346,8 +345,9 @@ class DynamicBatcher(Generic[T, R]):
         self._ends.append(end)
         served = self._served
         if served is not None:
+            by_tokens = self._queue.by_tokens  # the queue's unit of fairness
             for slot in batch:
-                served.add(slot.req.key, slot.size if self._by_tokens else 1)
+                served.add(slot.req.key, slot.size if by_tokens else 1)
         try:
             executor = self._executor_for(express)
             assert executor is not None

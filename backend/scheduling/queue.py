@@ -148,8 +148,8 @@ class ScheduleQueue:
 
     def __init__(self, policy: SchedulePolicy) -> None:
         self.policy = policy
-        by_tokens = policy.fair_by == "tokens"
-        self.levels = [FairLevel(by_tokens) for _ in policy.levels]
+        self.by_tokens = policy.fair_by == "tokens"  # fairness counts tokens, else texts
+        self.levels = [FairLevel(self.by_tokens) for _ in policy.levels]
         self._deadlines: list[tuple[float, int, Ticket]] = []
         self._arrivals: deque[Ticket] = deque()  # oldest first, closed ones skipped
         self._seq = itertools.count()
