@@ -232,10 +232,13 @@ class Runner:
         self.url = f"{gateway.url}{ROUTE}"
         self.splits: dict[str, CoreSplit] = {}  # the current round's, by phase name
 
-    def closed(self, tag: str, body: Callable[[str, int], bytes], clients: int) -> LoadResult:
-        json_a = {"Content-Type": "application/json", **headers("a")}
+    def closed(self, tag: str, body: Callable[[str, int], bytes], clients: int,
+               tenant_of: Callable[[int], str] = lambda i: "a") -> LoadResult:
+        """A closed loop on ``clients`` connections for the phase's duration; request ``i``
+        sent as ``tenant_of(i)`` (tenant a by default)."""
+        json_h = {t: {"Content-Type": "application/json", **headers(t)} for t in KEYS}
         return loadgen.run(loadgen.run_closed(
-            lambda i: Request(url=self.url, body=body(tag, i), headers=json_a),
+            lambda i: Request(url=self.url, body=body(tag, i), headers=json_h[tenant_of(i)]),
             requests=100_000, concurrency=clients, max_duration_s=self.plan.duration_s))
 
     def calibrate(self) -> Calibration:
@@ -301,16 +304,9 @@ class Runner:
         """Tenants a and b evenly busy: C's closed loop (``clients`` connections) with the
         requests alternating between them. What an express set-up must not cost: the two
         are served as one tenant would be (``offered`` nan: a closed loop)."""
-        json_h = {t: {"Content-Type": "application/json", **headers(t)} for t in "ab"}
-        tag = f"e{rnd}"
-
-        def run() -> LoadResult:
-            return loadgen.run(loadgen.run_closed(
-                lambda i: Request(url=self.url, body=short(tag, i), headers=json_h[even(i)]),
-                requests=100_000, concurrency=clients, max_duration_s=self.plan.duration_s))
-
         return self._measured(f"A and B evenly busy (closed loop, {clients} conn, "
-                              "alternating)", rnd, math.nan, even, run)
+                              "alternating)", rnd, math.nan, even,
+                              lambda: self.closed(f"e{rnd}", short, clients, even))
 
     def _measured(self, name: str, rnd: int, offered: float, tenant_of: Callable[[int], str],
                   run: Callable[[], Any], *, flood: Service | None = None,
