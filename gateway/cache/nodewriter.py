@@ -136,7 +136,7 @@ class NodeWriter:
         """A drain waiting for the write delay starts now (on the loop: an awaited job, a
         ``flush``)."""
         timer = self._timer
-        if timer is not None and not timer.cancelled():
+        if timer is not None:  # ``_start_drain`` clears it, so it has not fired
             timer.cancel()
             self._start_drain()
 

@@ -48,7 +48,7 @@ from gateway.upstream.admission.fairqueue import INTERACTIVE, Priority
 from gateway.upstream.admission.slots import PUBLIC
 from gateway.upstream.results import InferResult, RawResult
 from gateway.upstream.retry import RetryBudget, RetryPolicy
-from gateway.upstream.schedule import EXPRESS, Schedule
+from gateway.upstream.schedule import SCHEDULE_PARAMETERS, Schedule
 from gateway.upstream.transport import (
     ConnectError,
     ReadTimeout,
@@ -127,7 +127,8 @@ class Upstream(Tries):
         """OIP passthrough of ``body`` (an infer request object, without the scheduling
         parameters: the client's own ``priority`` comes as ``client_priority`` and may only
         lower the call's); the backend's 2xx/4xx answer as is; 5xx map to gateway errors."""
-        params = {**{k: v for k, v in (body.get("parameters") or {}).items() if k != EXPRESS},
+        own = body.get("parameters") or {}
+        params = {**{k: v for k, v in own.items() if k not in SCHEDULE_PARAMETERS},
                   **self.schedule.params(tenant, route, priority, client_priority,
                                          express=self._admission.quiet(tenant, priority))}
         raw = orjson.dumps({**body, "parameters": params})
