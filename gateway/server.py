@@ -37,7 +37,8 @@ from gateway.errors import (
     UriTooLong,
 )
 from gateway.http import app_state as state
-from gateway.http.connection import ConnectionLimits, GuardedRequestHandler
+from gateway.http.connection import ConnectionLimits, GuardedRequestHandler, HeadGate
+from gateway.http.gate import ReadGate
 from gateway.http.middleware import error_response, new_request_id
 from gateway.policy.loader import PolicyError
 from gateway.settings import Settings, SettingsError, load_settings, settings_fields
@@ -175,12 +176,14 @@ class GatewayServer(web.Server):
     """
 
     def __init__(self, *args: Any, limits: ConnectionLimits | None = None,
-                 **kwargs: Any) -> None:
+                 gate: HeadGate | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.limits = limits or ConnectionLimits()
+        self.gate = gate
 
     def __call__(self) -> web.RequestHandler:
-        return GatewayRequestHandler(self, loop=self._loop, limits=self.limits, **self._kwargs)
+        return GatewayRequestHandler(self, loop=self._loop, limits=self.limits, gate=self.gate,
+                                     **self._kwargs)
 
 
 class GatewayRunner(web.AppRunner):
@@ -193,9 +196,12 @@ class GatewayRunner(web.AppRunner):
             header_timeout_s=settings.connections.header_timeout_s,
             body_timeout_s=settings.connections.body_timeout_s,
             max_connections=settings.connections.max_per_worker)
+        gate = (ReadGate(self.app) if settings is not None
+                and settings.admission.refuse_at_read else None)
         return GatewayServer(server.request_handler, request_factory=server.request_factory,
                              handler_cancellation=server.handler_cancellation,
-                             loop=asyncio.get_running_loop(), limits=limits, **server._kwargs)
+                             loop=asyncio.get_running_loop(), limits=limits, gate=gate,
+                             **server._kwargs)
 
 
 async def _freeze_gc(_app: object) -> None:

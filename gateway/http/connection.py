@@ -38,10 +38,12 @@ import struct
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
+from aiohttp.http import HttpVersion11
+from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 from multidict import istr
 
@@ -75,15 +77,33 @@ class BodyTimeout(RequestTimeout, TimeoutError):
     that was reading."""
 
 
-class GuardedRequestHandler(web.RequestHandler):
-    """aiohttp's connection protocol with a head deadline, a body deadline and a cap."""
+class HeadGate(Protocol):
+    """What judges a complete request from its parsed head before aiohttp builds a request
+    (http/gate.py ``ReadGate``)."""
 
-    __slots__ = ("_arrivals", "_body", "_body_timer", "_head_timer", "_limits", "_sock")
+    @property
+    def armed(self) -> bool:
+        """Whether anything may be refused now (else no request is judged)."""
+
+    def judge(self, message: RawRequestMessage, arrived: float) -> tuple[bytes, float] | None:
+        """The whole response refusing ``message`` and how long to hold it; None: the app
+        answers it."""
+
+
+class GuardedRequestHandler(web.RequestHandler):
+    """aiohttp's connection protocol with a head deadline, a body deadline, a cap, and a gate
+    that may refuse a request from its head (``HeadGate``)."""
+
+    __slots__ = ("_arrivals", "_body", "_body_timer", "_gate", "_head_timer", "_held",
+                 "_held_data", "_limits", "_sock")
 
     def __init__(self, manager: Any, *, limits: ConnectionLimits | None = None,
-                 **kwargs: Any) -> None:
+                 gate: HeadGate | None = None, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._limits = limits or ConnectionLimits()
+        self._gate = gate
+        self._held: asyncio.TimerHandle | None = None  # a refusal waiting out its hold
+        self._held_data: list[bytes] = []  # bytes read while it waits (reading is paused)
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._body: StreamReader | None = None
@@ -122,6 +142,85 @@ class GuardedRequestHandler(web.RequestHandler):
         if self._force_close or self._close:
             super().data_received(data)
             return
+        if self._held is not None:  # answered in order: after the held refusal
+            self._held_data.append(data)
+            return
+        # An idle connection (its handler loop waiting for a request) while the gate is armed:
+        # aiohttp must not wake the loop for a request the gate answers, so the waiter is out
+        # of its sight while it parses, and woken below if a request is left for the app.
+        waiter = self._waiter
+        gate = self._gate
+        gated = (gate is not None and waiter is not None and not self._messages
+                 and not waiter.done() and gate.armed)
+        if gated:
+            self._waiter = None
+        try:
+            self._read(data)
+        finally:
+            if gated:
+                self._waiter = waiter
+        if gated:
+            assert gate is not None and waiter is not None
+            if len(self._messages) == 1:
+                self._judge(gate)
+            if self._messages and not waiter.done():
+                waiter.set_result(None)
+
+    def _judge(self, gate: HeadGate) -> None:
+        """Answer the one queued request here if ``gate`` refuses it: complete (its body read),
+        keep-alive HTTP/1.1, nothing else waiting or being answered on the connection."""
+        message, payload = self._messages[0]
+        if (not isinstance(message, RawRequestMessage) or not payload.is_eof()
+                or message.should_close or message.version != HttpVersion11
+                or message.upgrade or not self._arrivals):
+            return
+        try:
+            verdict = gate.judge(message, self._arrivals[0])
+        except Exception:  # a defect in judging must not cost the request: the app answers
+            log.exception("the read gate failed; the request takes the full path")
+            return
+        if verdict is None:
+            return
+        self._messages.popleft()
+        self._arrivals.popleft()
+        if self._parser is not None:
+            self._parser.message_consumed()
+        self._cancel_body()
+        self._body = None
+        answer, hold_s = verdict
+        # An idle keep-alive connection stays open for keepalive_timeout from this answer.
+        self._keepalive = True
+        if self._keepalive_timeout > 0:
+            self._next_keepalive_close_time = (self._loop.time() + max(0.0, hold_s)
+                                               + self._keepalive_timeout)
+            if self._keepalive_handle is None:
+                self._keepalive_handle = self._loop.call_at(self._next_keepalive_close_time,
+                                                            self._process_keepalive)
+        transport = self.transport
+        if transport is None:
+            return
+        if hold_s <= 0:
+            transport.write(answer)
+            return
+        transport.pause_reading()
+        self._held = self._loop.call_later(hold_s, self._release, answer)
+
+    def _release(self, answer: bytes) -> None:
+        """The hold is over: write the refusal, then go on with what was read meanwhile."""
+        self._held = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(answer)
+        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+        transport.resume_reading()
+        if self._held_data:
+            data = b"".join(self._held_data)
+            self._held_data.clear()
+            self.data_received(data)
+
+    def _read(self, data: bytes) -> None:
+        """aiohttp's parse, with the heads' arrival stamps and the read deadlines."""
         in_body = self._body is not None and not self._body.is_eof()
         count = self._request_count
         super().data_received(data)
@@ -222,14 +321,22 @@ class GuardedRequestHandler(web.RequestHandler):
     def _disarm(self) -> None:
         self._cancel_head()
         self._cancel_body()
+        if self._held is not None:
+            self._held.cancel()
+            self._held = None
+        self._held_data.clear()
 
 
-def raw_error(error: GatewayError, request_id: str) -> bytes:
-    """A complete HTTP/1.1 response in the gateway's error shape, ending the connection."""
+_REASONS = {408: "Request Timeout", 503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+def raw_error(error: GatewayError, request_id: str, *, close: bool = True) -> bytes:
+    """A complete HTTP/1.1 response in the gateway's error shape (ending the connection unless
+    ``close`` is false)."""
     body = orjson.dumps({"error": {"type": error.type, "message": error.public_message,
                                    "request_id": request_id}})
-    reason = {408: "Request Timeout", 503: "Service Unavailable"}.get(error.status, "Error")
-    lines = [f"HTTP/1.1 {error.status} {reason}", "Content-Type: application/json",
-             f"Content-Length: {len(body)}", "Connection: close", f"X-Request-Id: {request_id}",
+    lines = [f"HTTP/1.1 {error.status} {_REASONS.get(error.status, 'Error')}",
+             "Content-Type: application/json", f"Content-Length: {len(body)}",
+             *(("Connection: close",) if close else ()), f"X-Request-Id: {request_id}",
              f"Server: {SERVER_NAME}", *(f"{k}: {v}" for k, v in error.headers().items())]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + body

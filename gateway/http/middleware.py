@@ -45,7 +45,8 @@ connection's protocol (http/connection.py): its deadline counts from then, not f
 handler ran."""
 # Probes and scrapes would drown the access log; they are counted in metrics instead.
 _QUIET = frozenset({"/metrics", "/healthz", "/readyz", "/dashboard/stats.json"})
-_SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+"""A client's ``X-Request-Id`` kept as the request's id (anything else gets a new one)."""
 SERVER_NAME = "edge-gateway"
 """The ``Server`` header of every response: a product name, no versions to fingerprint."""
 
@@ -94,7 +95,7 @@ def make_error_middleware(observer: Observer, access_log: AccessLog,
     @web.middleware
     async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         incoming = request.headers.get("X-Request-Id", "")
-        rid = incoming if incoming and _SAFE_ID.match(incoming) else new_request_id()
+        rid = incoming if incoming and SAFE_ID.match(incoming) else new_request_id()
         request[REQUEST_ID] = rid
         t0 = time.perf_counter()
         route = _route_label(request)

@@ -78,7 +78,9 @@ async def serve(request: web.Request, route: str,
     The early refusal: while the tenant's last call had to queue, admission judges this one
     at once in that tier (upstream/admission/control.py ``refuse_early``), so a tenant past
     its wait bound or its deadline is told before the policy, keys and lookups (a hit that is
-    not a hot answer included); refusals for its backlog are held (``hold``).
+    not a hot answer included); refusals for its backlog are held (``hold``). Most such
+    requests never get here: the connection's protocol refuses them as they are read
+    (http/gate.py, ``admission.refuse_at_read``); what it leaves to the app is judged here.
 
     The tenant's request is counted by outcome (ok, rate_limited, shed, error)."""
     started = time.perf_counter()
@@ -156,16 +158,25 @@ short deadline (``X-Request-Timeout-Ms``) is told early enough to go elsewhere."
 
 
 async def hold(refusal: Overloaded, hold_s: float, time_left_s: float | None = None) -> None:
-    """Hold a backlog refusal ``hold_s`` (``admission.refusal_hold_s``), but not past the
-    ``Retry-After`` it carries (whole seconds, at least 1), which the hold shortens, nor past
-    ``HOLD_SHARE`` of ``time_left_s`` (the request's deadline): a client that resends at once
-    cannot spin the core on refusals, and one with a short deadline still hears in time."""
+    """Hold a backlog refusal as ``hold_for`` says."""
+    pause = hold_for(refusal, hold_s, time_left_s)
+    if pause > 0:
+        await asyncio.sleep(pause)
+
+
+def hold_for(refusal: Overloaded, hold_s: float, time_left_s: float | None = None) -> float:
+    """How long to hold a backlog refusal: ``hold_s`` (``admission.refusal_hold_s``), but not
+    past the ``Retry-After`` it carries (whole seconds, at least 1), which this shortens by
+    the hold, nor past ``HOLD_SHARE`` of ``time_left_s`` (the request's deadline): a client
+    that resends at once cannot spin the core on refusals, and one with a short deadline
+    still hears in time."""
     pause = min(hold_s, max(1.0, math.ceil(refusal.retry_after_s)))
     if time_left_s is not None:
         pause = min(pause, HOLD_SHARE * max(0.0, time_left_s))
+    pause = max(0.0, pause)
     if pause > 0:
-        await asyncio.sleep(pause)
         refusal.retry_after_s = max(0.0, refusal.retry_after_s - pause)
+    return pause
 
 
 async def admit(request: web.Request, quota: QuotaState) -> None:

@@ -21,8 +21,9 @@ A request either gets a slot at once, waits in its tier's queue, or is shed at o
   never reaches a backend.
 
 While a tenant's last call had to queue or was shed, ``refuse_early`` makes the same decision
-for its next requests before their policy and lookups (gateway/http/serve.py holds the 503s of
-``wait`` and ``queue_full`` for ``refusal_hold_s``). An interactive call of a tenant that holds
+for its next requests as they are read (gateway/http/gate.py) or before their policy and
+lookups (gateway/http/serve.py); both hold the 503s of ``wait`` and ``queue_full`` for
+``refusal_hold_s``. An interactive call of a tenant that holds
 no slot in the tier, or holds fewer than its share, gets one at once while the other
 tenants' slots stay within the limit plus the interactive reserve (``_now``).
 
@@ -250,6 +251,12 @@ class Admission:
         other's batch, at ~1.3x a text's share of a batch on a CPU."""
         return (self._express and tenant not in self._backlogs
                 and self._class(tenant, priority)[1] == INTERACTIVE)  # a batch tenant's: never
+
+    @property
+    def backlogged(self) -> bool:
+        """Whether some tenant's last call had to queue or was shed (``refuse_early`` may
+        refuse its next ones): http/gate.py judges nothing while this is false."""
+        return bool(self._backlogs)
 
     def refuse_early(self, tenant: str, deadline: float) -> Overloaded | None:
         """Why an interactive request of ``tenant`` would be shed, judged early (after its
