@@ -174,7 +174,10 @@ class Tenants:
         key = _bearer(authorization)
         if key is None:
             raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-        digest = key_digest(key)
+        try:
+            digest = key_digest(key)
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (aiohttp keeps them as
+            raise Unauthorized("unknown API key") from None  # surrogates): no key has them
         found: str | None = None
         for stored, tenant in self.keys:  # every digest, always: no early exit
             if hmac.compare_digest(digest, stored):

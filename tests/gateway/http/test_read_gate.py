@@ -150,6 +150,7 @@ async def test_a_refused_request_is_answered_from_its_head_as_the_app_would(
         assert rig.served == [B_KEY[-6:]]  # the app ran for b alone
         scraped = await rig.metrics()
         assert 'gateway_shed_total{reason="wait"} 2.0' in scraped
+        assert 'gateway_tenant_requests_total{outcome="shed",tenant="a"} 2.0' in scraped
         assert ('gateway_requests_total{cache="NONE",route="/v1/embeddings",status="503"} 1.0'
                 in scraped)
         assert ('gateway_requests_total{cache="NONE",route="/v2/models/{name}/infer",'
@@ -165,15 +166,17 @@ async def test_what_the_gate_leaves_to_the_app(
         statuses = [reply.status for reply in await exchange(
             rig,
             request("no-such-key-000000", "k"),  # 401
+            request(A_KEY, "k").replace(A_KEY.encode(), b"\xff\xfe-not-utf8"),  # 401
             request(A_KEY, "t", extra="X-Request-Timeout-Ms: soon\r\n"),  # 400
             request(A_KEY, "c", ctype="text/plain"),  # 415
+            request(A_KEY, "two keys", extra=f"Authorization: Bearer {B_KEY}\r\n"),
             request(A_KEY, "v", version="1.0", extra="Connection: keep-alive\r\n"),  # HTTP/1.0
         )]
-        assert statuses == [401, 400, 415, 503]
-        assert len(rig.served) == 4
+        assert statuses == [401, 401, 400, 415, 503, 503]
+        assert len(rig.served) == 6
         # Connection: close: the app answers and closes.
         closing = await exchange(rig, request(A_KEY, "x", extra="Connection: close\r\n"))
-        assert closing[0].status == 503 and len(rig.served) == 5
+        assert closing[0].status == 503 and len(rig.served) == 7
         # A body that comes after its head: the head is judged when the body is read, by the
         # app.
         reader, writer = await rig.connect()
@@ -183,11 +186,11 @@ async def test_what_the_gate_leaves_to_the_app(
         await writer.drain()
         await asyncio.sleep(0.05)
         writer.write(whole[cut:])
-        assert (await read_reply(reader)).status == 503 and len(rig.served) == 6
+        assert (await read_reply(reader)).status == 503 and len(rig.served) == 8
         # Two requests in one segment (pipelined): both to the app, answered in order.
         writer.write(request(A_KEY, "p1") + request(B_KEY, "p2"))
         assert [(await read_reply(reader)).status for _ in range(2)] == [503, 200]
-        assert len(rig.served) == 8
+        assert len(rig.served) == 10
         writer.close()
 
 

@@ -55,6 +55,13 @@ def test_unknown_key_is_401_and_never_echoed(tenants: Tenants) -> None:
     assert "not-a-known-key" not in info.value.message
 
 
+def test_a_key_of_bytes_that_are_not_utf8_is_401(tenants: Tenants) -> None:
+    """aiohttp keeps undecodable header bytes as surrogates; digesting them raised (a 500)."""
+    with pytest.raises(Unauthorized) as info:
+        tenants.identify("Bearer \udcff\udcfe-key")
+    assert info.value.message == "unknown API key"
+
+
 def test_without_a_file_everyone_is_public() -> None:
     public = Tenants.public()
     assert not public.configured
