@@ -148,10 +148,21 @@ async def test_a_refused_request_is_answered_from_its_head_as_the_app_would(
         assert first.headers["x-request-id"] == "client-id-1"
         assert quiet.status == 200
         assert rig.served == [B_KEY[-6:]]  # the app ran for b alone
+        # Many on one connection, then two in one segment: aiohttp's parser holds back what
+        # follows a request once 32 are queued (as it counts them), so each one answered here
+        # is handed back to it.
+        reader, writer = await rig.connect()
+        for i in range(40):
+            writer.write(request(A_KEY, f"many {i}"))
+            assert (await read_reply(reader)).status == 503
+        writer.write(request(A_KEY, "pipelined") + request(B_KEY, "behind it"))
+        assert [(await read_reply(reader)).status for _ in range(2)] == [503, 200]
+        writer.close()
+        assert rig.served == [B_KEY[-6:], A_KEY[-6:], B_KEY[-6:]]
         scraped = await rig.metrics()
-        assert 'gateway_shed_total{reason="wait"} 2.0' in scraped
-        assert 'gateway_tenant_requests_total{outcome="shed",tenant="a"} 2.0' in scraped
-        assert ('gateway_requests_total{cache="NONE",route="/v1/embeddings",status="503"} 1.0'
+        assert 'gateway_shed_total{reason="wait"} 43.0' in scraped
+        assert 'gateway_tenant_requests_total{outcome="shed",tenant="a"} 43.0' in scraped
+        assert ('gateway_requests_total{cache="NONE",route="/v1/embeddings",status="503"} 42.0'
                 in scraped)
         assert ('gateway_requests_total{cache="NONE",route="/v2/models/{name}/infer",'
                 'status="503"} 1.0' in scraped)
@@ -212,6 +223,15 @@ async def test_a_held_refusal_is_written_after_its_hold_and_before_what_followed
         # The hold shortened Retry-After (its drain time here is under a second: 1 at least).
         assert first.headers["retry-after"] == "1"
         assert rig.served == [B_KEY[-6:]]
+        # Bytes that reach the protocol while a refusal is held (reading is paused then, but a
+        # transport may hand over one more segment) are answered after it, in order.
+        writer.write(request(A_KEY, "held again"))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        (protocol,) = rig.server.runner.server.connections  # type: ignore[union-attr]
+        protocol.data_received(request(B_KEY, "handed over"))
+        assert [(await read_reply(reader)).status for _ in range(2)] == [503, 200]
+        assert rig.served == [B_KEY[-6:]] * 2
         # A client that goes away during a hold leaves the server as it was.
         writer.write(request(A_KEY, "gone"))
         await writer.drain()
