@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -40,6 +41,13 @@ def deadline_ms(raw: str | None, *, default_ms: float, max_ms: float) -> float:
         raise InvalidHeader(f"X-Request-Timeout-Ms: must be a number of milliseconds from "
                             f"{MIN_TIMEOUT_MS:g} to {max_ms:g}")
     return value
+
+
+def timeout_ms_of(values: Iterable[str], *, default_ms: float, max_ms: float) -> float:
+    """The request's timeout from every ``X-Request-Timeout-Ms`` it sent: each must be valid
+    (400 otherwise, ``deadline_ms``) and the strictest applies; ``default_ms`` when none."""
+    asked = [deadline_ms(raw, default_ms=default_ms, max_ms=max_ms) for raw in values]
+    return min(asked) if asked else float(default_ms)
 
 
 async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from multidict import istr
 from gateway.adapters.registry import ROUTES
 from gateway.errors import GatewayError
 from gateway.http import app_state as state
-from gateway.http.body import deadline_ms
+from gateway.http.body import timeout_ms_of
 from gateway.http.connection import raw_error
 from gateway.http.middleware import SAFE_ID, new_request_id
 from gateway.http.serve import HELD, hold_for
@@ -118,12 +118,11 @@ class ReadGate:
             return None  # the full path answers 401
         settings = self._settings
         try:
-            asked = [deadline_ms(raw, default_ms=settings.default_timeout_ms,
-                                 max_ms=settings.max_timeout_ms)
-                     for raw in headers.getall(_DEADLINE, ())]
+            timeout_ms = timeout_ms_of(headers.getall(_DEADLINE, ()),
+                                       default_ms=settings.default_timeout_ms,
+                                       max_ms=settings.max_timeout_ms)
         except GatewayError:
             return None  # the full path answers 400
-        timeout_ms = min(asked) if asked else float(settings.default_timeout_ms)
         deadline = arrived + timeout_ms / 1000.0
         refusal = self._admission.refuse_early(tenant, deadline)
         if refusal is None:

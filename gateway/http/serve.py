@@ -18,7 +18,7 @@ from gateway.errors import (
     RateLimited,
 )
 from gateway.http import app_state as state
-from gateway.http.body import check_json_type, deadline_ms, parse_json, read_body
+from gateway.http.body import check_json_type, parse_json, read_body, timeout_ms_of
 from gateway.http.middleware import ARRIVED, QUOTA, TENANT, request_id_of
 from gateway.pipeline import Call
 from gateway.pipeline.accounting import usage_of
@@ -40,11 +40,9 @@ def make_context(request: web.Request, route: str, *, tenant: str | None = None,
         tenant = identify(request)
     if headers is None:
         headers = RequestHeaders.of(request.headers)
-    # Sent more than once: every value must be valid (400 otherwise), and the strictest applies.
-    asked = [deadline_ms(raw, default_ms=settings.default_timeout_ms,
-                         max_ms=settings.max_timeout_ms)
-             for raw in headers.values_of("x-request-timeout-ms")]
-    timeout_ms = min(asked) if asked else float(settings.default_timeout_ms)
+    timeout_ms = timeout_ms_of(headers.values_of("x-request-timeout-ms"),
+                               default_ms=settings.default_timeout_ms,
+                               max_ms=settings.max_timeout_ms)
     ctx = RequestContext(
         request_id=request_id_of(request),
         route=route,
