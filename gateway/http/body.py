@@ -56,10 +56,15 @@ async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
     return parse_json(await read_body(request, max_bytes))
 
 
+def is_json_type(media_type: str) -> bool:
+    """Whether a media type (lowercase, without parameters) declares JSON."""
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
 def check_json_type(request: web.Request) -> None:
     """415 unless the body is declared JSON."""
     ctype = request.content_type
-    if ctype != "application/json" and not ctype.endswith("+json"):
+    if not is_json_type(ctype):
         raise UnsupportedMediaType(
             f"Content-Type must be application/json (got {ctype or 'none'})"
         )

@@ -188,7 +188,8 @@ class GuardedRequestHandler(web.RequestHandler):
         self._cancel_body()
         self._body = None
         answer, hold_s = verdict
-        # An idle keep-alive connection stays open for keepalive_timeout from this answer.
+        # An idle keep-alive connection stays open for keepalive_timeout from this answer
+        # (written after the hold).
         self._keepalive = True
         if self._keepalive_timeout > 0:
             self._next_keepalive_close_time = (self._loop.time() + max(0.0, hold_s)
@@ -212,7 +213,6 @@ class GuardedRequestHandler(web.RequestHandler):
         if transport is None or transport.is_closing():
             return
         transport.write(answer)
-        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
         transport.resume_reading()
         if self._held_data:
             data = b"".join(self._held_data)

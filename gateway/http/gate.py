@@ -1,9 +1,9 @@
 """Refusals judged as a request's head is read, before aiohttp builds a request for it.
 
 Under overload most requests are refused, and on a core the model shares each refusal's CPU
-comes out of the answers. Through the app a refusal costs ~440k instructions (aiohttp's own
+comes out of the answers. Through the app a refusal costs ~445k instructions (aiohttp's own
 request and response machinery alone ~220k: the floor of any request there); answered here
-from the head aiohttp's parser already made, ~10x less (bench/RESULTS.md, "A refusal as the
+from the head aiohttp's parser already made, 155-174k (bench/RESULTS.md, "A refusal as the
 head is read").
 
 ``ReadGate.judge`` is asked by the connection's protocol (http/connection.py) for a complete
@@ -33,9 +33,9 @@ from multidict import istr
 from gateway.adapters.registry import ROUTES
 from gateway.errors import GatewayError
 from gateway.http import app_state as state
-from gateway.http.body import timeout_ms_of
+from gateway.http.body import is_json_type, timeout_ms_of
 from gateway.http.connection import raw_error
-from gateway.http.middleware import SAFE_ID, new_request_id
+from gateway.http.middleware import request_id_for
 from gateway.http.serve import HELD, hold_for
 
 _AUTHORIZATION = istr("Authorization")
@@ -106,8 +106,7 @@ class ReadGate:
         headers = message.headers
         if _EXPECT in headers:  # aiohttp answers 100-continue; the body is not read yet
             return None
-        ctype = headers.get(_CONTENT_TYPE, "").partition(";")[0].strip().lower()
-        if ctype != "application/json" and not ctype.endswith("+json"):
+        if not is_json_type(headers.get(_CONTENT_TYPE, "").partition(";")[0].strip().lower()):
             return None  # the full path answers 415 first
         authorization = headers.getall(_AUTHORIZATION, ())
         if len(authorization) > 1:
@@ -131,8 +130,7 @@ class ReadGate:
         hold_s = 0.0
         if refusal.reason in HELD:
             hold_s = hold_for(refusal, settings.admission.refusal_hold_s, deadline - now)
-        incoming = headers.get(_REQUEST_ID, "")
-        rid = incoming if incoming and SAFE_ID.match(incoming) else new_request_id()
+        rid = request_id_for(headers.get(_REQUEST_ID, ""))
         observer = self._observer
         observer.shed(refusal.reason)
         observer.tenant_request(tenant, "shed")

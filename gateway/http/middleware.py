@@ -45,8 +45,7 @@ connection's protocol (http/connection.py): its deadline counts from then, not f
 handler ran."""
 # Probes and scrapes would drown the access log; they are counted in metrics instead.
 _QUIET = frozenset({"/metrics", "/healthz", "/readyz", "/dashboard/stats.json"})
-SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-"""A client's ``X-Request-Id`` kept as the request's id (anything else gets a new one)."""
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 SERVER_NAME = "edge-gateway"
 """The ``Server`` header of every response: a product name, no versions to fingerprint."""
 
@@ -64,6 +63,12 @@ def new_request_id() -> str:
     """A fresh request id, 32 hex characters: 64 random bits chosen once per process, then a
     64-bit counter (unique without a system call per request)."""
     return f"{_ID_PREFIX}{next(_ids):016x}"
+
+
+def request_id_for(incoming: str) -> str:
+    """The request's id: the client's ``X-Request-Id`` when it is a safe one (letters, digits,
+    ``._:-``, 1-128 of them), else a new one."""
+    return incoming if incoming and _SAFE_ID.match(incoming) else new_request_id()
 
 
 def error_response(exc: GatewayError, request_id: str) -> web.Response:
@@ -95,7 +100,7 @@ def make_error_middleware(observer: Observer, access_log: AccessLog,
     @web.middleware
     async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         incoming = request.headers.get("X-Request-Id", "")
-        rid = incoming if incoming and SAFE_ID.match(incoming) else new_request_id()
+        rid = request_id_for(incoming)
         request[REQUEST_ID] = rid
         t0 = time.perf_counter()
         route = _route_label(request)

@@ -171,7 +171,6 @@ def hold_for(refusal: Overloaded, hold_s: float, time_left_s: float | None = Non
     pause = min(hold_s, max(1.0, math.ceil(refusal.retry_after_s)))
     if time_left_s is not None:
         pause = min(pause, HOLD_SHARE * max(0.0, time_left_s))
-    pause = max(0.0, pause)
     if pause > 0:
         refusal.retry_after_s = max(0.0, refusal.retry_after_s - pause)
     return pause

@@ -40,12 +40,11 @@ class AdmissionSettings:
     refuse_at_read: bool = True
     """A request that the early refusal (``Admission.refuse_early``: its tenant's backlog, or
     its deadline) would refuse is refused as its head and body are read, before aiohttp builds
-    a request for it
-    (gateway/http/gate.py): ~10x less CPU a refusal, which under overload comes out of the
-    answers on a core the model shares. While its tenant is refused, its repeats that the
-    hot-answer cache holds are refused too, and a body the app would answer 4xx gets the 503
-    (the full path judges the early refusal after the hot answer and the parse). false: every
-    request takes the full path."""
+    a request for it (gateway/http/gate.py): ~3x fewer instructions a refusal, whose CPU under
+    overload comes out of the answers on a core the model shares. While its tenant is
+    refused, its repeats that the hot-answer cache holds are refused too, and a body the app
+    would answer 4xx gets the 503 (the full path judges the early refusal after the hot answer
+    and the parse). false: every request takes the full path."""
     express: bool = False
     """For backends that run the express lane (``BACKEND_EXPRESS_LANE``): an interactive call
     of a tenant holding no slot in the tier gets one at once while the other tenants' calls
